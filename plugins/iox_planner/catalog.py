@@ -1,0 +1,466 @@
+"""The Postgres catalog: migrations, and every read and write of catalog rows (SQLAlchemy 2 Core, bind
+parameters only)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.engine import Connection, Engine
+
+from .config import catalog_url, project_root
+from .errors import BadInputError, CatalogError
+from .model import Chunk, ChunkKind, ColumnType, TableSchema
+from .timeutil import NS_PER_DAY
+
+DB_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_MIGRATION_LOCK = 0x10C5_BA7C  # advisory lock id: one migrator at a time
+
+metadata = sa.MetaData()
+
+databases = sa.Table(
+    "iox_database", metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True)),
+)
+tables = sa.Table(
+    "iox_table", metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("database_id", sa.BigInteger, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True)),
+)
+columns = sa.Table(
+    "iox_column", metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("table_id", sa.BigInteger, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("column_type", sa.Text, nullable=False),
+)
+partitions = sa.Table(
+    "iox_partition", metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("table_id", sa.BigInteger, nullable=False),
+    sa.Column("partition_key", sa.Text, nullable=False),
+    sa.Column("sort_key", pg.ARRAY(sa.Text)),
+    sa.Column("created_at", sa.DateTime(timezone=True)),
+)
+
+
+def _chunk_table(name: str, *, parquet: bool) -> sa.Table:
+    cols = [
+        sa.Column("id", sa.BigInteger, primary_key=True),
+        sa.Column("object_id", pg.UUID(as_uuid=False), nullable=False),
+        sa.Column("label", sa.Text),
+        sa.Column("table_id", sa.BigInteger, nullable=False),
+        sa.Column("partition_id", sa.BigInteger, nullable=False),
+        sa.Column("store", sa.Text, nullable=False),
+        sa.Column("path", sa.Text, nullable=False),
+        sa.Column("min_time", sa.BigInteger, nullable=False),
+        sa.Column("max_time", sa.BigInteger, nullable=False),
+        sa.Column("row_count", sa.BigInteger, nullable=False),
+        sa.Column("file_size", sa.BigInteger, nullable=False),
+        sa.Column("column_names", pg.ARRAY(sa.Text), nullable=False),
+        sa.Column("tag_ranges", pg.JSONB, nullable=False),
+        sa.Column("chunk_order", sa.BigInteger, nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True)),
+        sa.Column("to_delete", sa.DateTime(timezone=True)),
+    ]
+    if parquet:
+        cols.append(sa.Column("sort_key", pg.ARRAY(sa.Text), nullable=False))
+    return sa.Table(name, metadata, *cols)
+
+
+parquet_files = _chunk_table("iox_parquet_file", parquet=True)
+ingester_chunks = _chunk_table("iox_ingester_chunk", parquet=False)
+query_runs = sa.Table(
+    "iox_query_run", metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("database_name", sa.Text, nullable=False),
+    sa.Column("definition", sa.Text),
+    sa.Column("dag_id", sa.Text),
+    sa.Column("run_id", sa.Text),
+    sa.Column("interval_start", sa.BigInteger),
+    sa.Column("interval_end", sa.BigInteger),
+    sa.Column("params", pg.JSONB, nullable=False),
+    sa.Column("plan", pg.JSONB),
+    sa.Column("output", sa.Text),
+    sa.Column("row_count", sa.BigInteger),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("error", sa.Text),
+    sa.Column("started_at", sa.DateTime(timezone=True)),
+    sa.Column("finished_at", sa.DateTime(timezone=True)),
+    sa.Column("duration_s", sa.Float),
+)
+migrations_table = sa.Table(
+    "iox_schema_migration", metadata,
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("checksum", sa.Text, nullable=False),
+    sa.Column("applied_at", sa.DateTime(timezone=True)),
+)
+CHUNK_TABLES = {ChunkKind.PARQUET: parquet_files, ChunkKind.INGESTER: ingester_chunks}
+order_seq = sa.Sequence("iox_chunk_order_seq")
+
+
+def check_db_name(name: str) -> str:
+    if not DB_NAME.match(name or ""):
+        raise BadInputError(
+            f"database name {name!r} is not allowed; use 1 to 64 letters, digits, '_' or '-'"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+def migration_files(folder: Path | None = None) -> list[Migration]:
+    """The numbered migrations, checked to form one linear history: 0001, 0002, ... with no gap or twin."""
+    folder = folder or project_root() / "catalog_sql"
+    found: list[Migration] = []
+    for path in sorted(folder.glob("*.sql")):
+        match = MIGRATION_FILE.match(path.name)
+        if not match:
+            raise CatalogError(f"catalog migration {path.name} is not named NNNN_lowercase_name.sql")
+        found.append(Migration(int(match[1]), match[2], path.read_text()))
+    for expected, migration in enumerate(found, start=1):
+        if migration.version != expected:
+            raise CatalogError(
+                f"catalog migrations do not form one linear history: expected version {expected:04d}, "
+                f"found {migration.version:04d}_{migration.name}.sql"
+            )
+    return found
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    """A catalog row of either chunk table, with its table and partition names."""
+
+    kind: ChunkKind
+    id: int
+    label: str | None
+    table: str
+    table_id: int
+    partition: str
+    partition_id: int
+    store: str
+    path: str
+    min_time: int
+    max_time: int
+    row_count: int
+    file_size: int
+    column_names: tuple[str, ...]
+    tag_ranges: Mapping[str, tuple[str, str]]
+    order: int
+    sort_key: tuple[str, ...]
+
+    @property
+    def display_id(self) -> str:
+        return self.label or f"{'P' if self.kind is ChunkKind.PARQUET else 'I'}{self.id}"
+
+
+class Catalog:
+    """The catalog behind one SQLAlchemy engine."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or catalog_url()
+        self.engine: Engine = sa.create_engine(self.url, pool_pre_ping=True, future=True)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # --- migrations -----------------------------------------------------------------------------------------
+
+    def migrate(self) -> list[Migration]:
+        """Apply the migrations not yet applied, in order, each in its own transaction. Returns those applied."""
+        applied: list[Migration] = []
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_MIGRATION_LOCK)))
+                migrations_table.create(conn, checkfirst=True)
+                done = {r.version: r for r in conn.execute(sa.select(migrations_table))}
+                files = migration_files()
+                for version, row in done.items():
+                    match = [m for m in files if m.version == version]
+                    if not match:
+                        raise CatalogError(
+                            f"the catalog has migration {version:04d} ({row.name}) which this checkout does not "
+                            "know; upgrade iox-batch"
+                        )
+                    if match[0].checksum != row.checksum:
+                        raise CatalogError(
+                            f"catalog migration {version:04d}_{row.name}.sql was edited after it was applied; "
+                            "shipped migrations are append-only: revert the edit and fix forward in a new file"
+                        )
+                for migration in files:
+                    if migration.version in done:
+                        continue
+                    with conn.begin_nested():
+                        conn.exec_driver_sql(migration.sql)
+                        conn.execute(migrations_table.insert().values(
+                            version=migration.version, name=migration.name, checksum=migration.checksum,
+                            applied_at=sa.func.now()))
+                    applied.append(migration)
+        except sa.exc.OperationalError as err:
+            raise CatalogError(f"cannot reach the catalog at {self._safe_url()}: {err.orig}") from err
+        return applied
+
+    def schema_version(self) -> int:
+        with self.engine.connect() as conn:
+            if not sa.inspect(conn).has_table("iox_schema_migration"):
+                return 0
+            return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(migrations_table.c.version), 0))).scalar_one())
+
+    def require_schema(self) -> None:
+        """Commands other than `catalog migrate` bring the catalog up to date themselves (a fresh clone works)."""
+        latest = len(migration_files())
+        try:
+            current = self.schema_version()
+        except sa.exc.OperationalError as err:
+            raise CatalogError(f"cannot reach the catalog at {self._safe_url()}: {err.orig}") from err
+        if current < latest:
+            self.migrate()
+
+    def _safe_url(self) -> str:
+        return sa.engine.make_url(self.url).render_as_string(hide_password=True)
+
+    # --- databases, tables, columns, partitions ------------------------------------------------------------
+
+    def database_names(self, conn: Connection) -> list[str]:
+        return list(conn.execute(sa.select(databases.c.name).order_by(databases.c.name)).scalars())
+
+    def database_id(self, conn: Connection, name: str) -> int:
+        """The id of an existing database; an unknown one is an error naming the known ones."""
+        check_db_name(name)
+        found = conn.execute(sa.select(databases.c.id).where(databases.c.name == name)).scalar_one_or_none()
+        if found is None:
+            known = self.database_names(conn)
+            hint = f"known databases: {', '.join(known)}" if known else "the catalog has no database yet"
+            raise CatalogError(
+                f"database {name!r} does not exist ({hint}); databases are created by the first "
+                "`iox-batch write` or `iox-batch load` into them"
+            )
+        return int(found)
+
+    def ensure_database(self, conn: Connection, name: str) -> int:
+        check_db_name(name)
+        conn.execute(pg.insert(databases).values(name=name).on_conflict_do_nothing(index_elements=["name"]))
+        return int(conn.execute(sa.select(databases.c.id).where(databases.c.name == name)).scalar_one())
+
+    def ensure_table(self, conn: Connection, db_id: int, name: str) -> int:
+        conn.execute(pg.insert(tables).values(database_id=db_id, name=name).on_conflict_do_nothing())
+        return int(conn.execute(
+            sa.select(tables.c.id).where(tables.c.database_id == db_id, tables.c.name == name)).scalar_one())
+
+    def table_ids(self, conn: Connection, db_id: int) -> dict[str, int]:
+        rows = conn.execute(sa.select(tables.c.name, tables.c.id).where(tables.c.database_id == db_id))
+        return {r.name: int(r.id) for r in rows}
+
+    def table_columns(self, conn: Connection, table_id: int) -> dict[str, ColumnType]:
+        rows = conn.execute(sa.select(columns.c.name, columns.c.column_type).where(columns.c.table_id == table_id))
+        return {r.name: ColumnType(r.column_type) for r in rows}
+
+    def add_columns(self, conn: Connection, table_id: int, wanted: Mapping[str, ColumnType]) -> dict[str, ColumnType]:
+        """Add missing columns; returns the table's columns afterwards. A concurrent writer adding the same name
+        with another type wins the race cleanly: the caller compares types against what this returns."""
+        current = self.table_columns(conn, table_id)
+        missing = [{"table_id": table_id, "name": n, "column_type": t.value}
+                   for n, t in wanted.items() if n not in current]
+        if missing:
+            conn.execute(pg.insert(columns).values(missing).on_conflict_do_nothing())
+            current = self.table_columns(conn, table_id)
+        return current
+
+    def ensure_partition(self, conn: Connection, table_id: int, key: str) -> int:
+        conn.execute(pg.insert(partitions).values(table_id=table_id, partition_key=key).on_conflict_do_nothing())
+        return int(conn.execute(sa.select(partitions.c.id).where(
+            partitions.c.table_id == table_id, partitions.c.partition_key == key)).scalar_one())
+
+    def lock_partition(self, conn: Connection, partition_id: int) -> tuple[str, ...] | None:
+        """Lock a partition row against other persists (writes, which only take KEY SHARE, go on) and return
+        its sort key."""
+        # key_share=True renders FOR NO KEY UPDATE: it conflicts with another persist's lock, not with the KEY SHARE
+        # lock a concurrent write's foreign key check takes.
+        row = conn.execute(sa.select(partitions.c.sort_key).where(partitions.c.id == partition_id)
+                           .with_for_update(key_share=True)).one()
+        return tuple(row.sort_key) if row.sort_key is not None else None
+
+    def set_sort_key(self, conn: Connection, partition_id: int, sort_key: Sequence[str]) -> None:
+        conn.execute(partitions.update().where(partitions.c.id == partition_id).values(sort_key=list(sort_key)))
+
+    def next_orders(self, conn: Connection, count: int) -> list[int]:
+        return [int(conn.execute(sa.select(order_seq.next_value())).scalar_one()) for _ in range(count)]
+
+    def advance_order_sequence(self, conn: Connection, at_least: int) -> None:
+        """Move the order sequence so that the next value is above `at_least`."""
+        conn.execute(sa.text(
+            "SELECT setval('iox_chunk_order_seq', GREATEST(:v, (SELECT last_value FROM iox_chunk_order_seq)), true)"
+        ).bindparams(v=at_least))
+
+    def max_order(self, conn: Connection, db_id: int) -> int:
+        """The highest chunk order the database holds (0 if none)."""
+        best = 0
+        for table in CHUNK_TABLES.values():
+            value = conn.execute(
+                sa.select(sa.func.max(table.c.chunk_order))
+                .join_from(table, tables, table.c.table_id == tables.c.id)
+                .where(tables.c.database_id == db_id)
+            ).scalar_one()
+            best = max(best, int(value or 0))
+        return best
+
+    # --- chunks ------------------------------------------------------------------------------------------------
+
+    def insert_chunk(self, conn: Connection, kind: ChunkKind, values: Mapping[str, Any]) -> int:
+        table = CHUNK_TABLES[kind]
+        return int(conn.execute(table.insert().values(**values).returning(table.c.id)).scalar_one())
+
+    def retire_chunks(self, conn: Connection, kind: ChunkKind, ids: Sequence[int]) -> None:
+        table = CHUNK_TABLES[kind]
+        conn.execute(table.update().where(table.c.id.in_(list(ids)), table.c.to_delete.is_(None))
+                     .values(to_delete=sa.func.now()))
+
+    def chunk_rows(
+        self,
+        conn: Connection,
+        db_id: int,
+        *,
+        table: str | None = None,
+        partition_id: int | None = None,
+        time_min: int | None = None,
+        time_max: int | None = None,
+        kinds: Sequence[ChunkKind] = (ChunkKind.PARQUET, ChunkKind.INGESTER),
+    ) -> list[ChunkRow]:
+        """Live chunks, optionally of one table or partition, overlapping the inclusive `[time_min, time_max]`."""
+        out: list[ChunkRow] = []
+        for kind in kinds:
+            ct = CHUNK_TABLES[kind]
+            cols = [ct.c.id, ct.c.label, ct.c.table_id, tables.c.name.label("table_name"), ct.c.partition_id,
+                    partitions.c.partition_key, ct.c.store, ct.c.path, ct.c.min_time, ct.c.max_time,
+                    ct.c.row_count, ct.c.file_size, ct.c.column_names, ct.c.tag_ranges, ct.c.chunk_order]
+            if kind is ChunkKind.PARQUET:
+                cols.append(ct.c.sort_key)
+            query = (
+                sa.select(*cols)
+                .join_from(ct, tables, ct.c.table_id == tables.c.id)
+                .join(partitions, ct.c.partition_id == partitions.c.id)
+                .where(tables.c.database_id == db_id, ct.c.to_delete.is_(None))
+            )
+            if table is not None:
+                query = query.where(tables.c.name == table)
+            if partition_id is not None:
+                query = query.where(ct.c.partition_id == partition_id)
+            if time_max is not None:
+                query = query.where(ct.c.min_time <= time_max)
+            if time_min is not None:
+                # Chunks lie inside one day, so this bound keeps the scan on the (table_id, min_time) index tight.
+                query = query.where(ct.c.max_time >= time_min, ct.c.min_time > time_min - NS_PER_DAY)
+            for r in conn.execute(query):
+                out.append(ChunkRow(
+                    kind=kind, id=int(r.id), label=r.label, table=r.table_name, table_id=int(r.table_id),
+                    partition=r.partition_key, partition_id=int(r.partition_id), store=r.store, path=r.path,
+                    min_time=int(r.min_time), max_time=int(r.max_time), row_count=int(r.row_count),
+                    file_size=int(r.file_size), column_names=tuple(r.column_names),
+                    tag_ranges={k: (v[0], v[1]) for k, v in r.tag_ranges.items()}, order=int(r.chunk_order),
+                    sort_key=tuple(r.sort_key) if kind is ChunkKind.PARQUET else (),
+                ))
+        out.sort(key=lambda c: (c.table, c.partition, c.order, c.kind.value, c.id))
+        return out
+
+    def labels(self, conn: Connection, db_id: int) -> set[str]:
+        found: set[str] = set()
+        for ct in CHUNK_TABLES.values():
+            found.update(conn.execute(
+                sa.select(ct.c.label).join_from(ct, tables, ct.c.table_id == tables.c.id)
+                .where(tables.c.database_id == db_id, ct.c.label.is_not(None), ct.c.to_delete.is_(None))
+            ).scalars())
+        return found
+
+    def partition_rows(self, conn: Connection, db_id: int, table: str | None = None) -> list[sa.Row[Any]]:
+        query = (
+            sa.select(tables.c.name.label("table_name"), partitions.c.id, partitions.c.partition_key,
+                      partitions.c.sort_key)
+            .join_from(partitions, tables, partitions.c.table_id == tables.c.id)
+            .where(tables.c.database_id == db_id)
+            .order_by(tables.c.name, partitions.c.partition_key)
+        )
+        if table is not None:
+            query = query.where(tables.c.name == table)
+        return list(conn.execute(query))
+
+    def expired_chunks(self, conn: Connection, grace_seconds: float) -> list[tuple[ChunkKind, int, str, str]]:
+        """Retired chunks past their grace period: (kind, id, store, path)."""
+        out = []
+        for kind, ct in CHUNK_TABLES.items():
+            rows = conn.execute(sa.select(ct.c.id, ct.c.store, ct.c.path).where(
+                ct.c.to_delete.is_not(None),
+                ct.c.to_delete < sa.func.now() - sa.func.make_interval(0, 0, 0, 0, 0, 0, grace_seconds)))
+            out.extend((kind, int(r.id), r.store, r.path) for r in rows)
+        return out
+
+    def delete_chunk_rows(self, conn: Connection, kind: ChunkKind, ids: Sequence[int]) -> None:
+        ct = CHUNK_TABLES[kind]
+        conn.execute(ct.delete().where(ct.c.id.in_(list(ids))))
+
+
+def chunk_from_row(row: ChunkRow, table_columns: Mapping[str, ColumnType]) -> Chunk:
+    """The planner's view of a catalog chunk."""
+    return Chunk(
+        id=row.display_id,
+        kind=row.kind,
+        table=row.table,
+        partition=row.partition,
+        order=row.order,
+        time_min=row.min_time,
+        time_max=row.max_time,
+        columns={c: table_columns[c] for c in row.column_names if c in table_columns},
+        rows=row.row_count,
+        tag_ranges=dict(row.tag_ranges),
+        sort_key=row.sort_key,
+        store=row.store,
+        path=row.path,
+    )
+
+
+class CatalogSource:
+    """The planner's ChunkSource over one database of the catalog (read in short transactions)."""
+
+    def __init__(self, catalog: Catalog, db: str) -> None:
+        self.catalog = catalog
+        self.db = db
+        with catalog.engine.connect() as conn:
+            self.db_id = catalog.database_id(conn, db)
+            self._tables = {
+                name: TableSchema(name, catalog.table_columns(conn, tid))
+                for name, tid in catalog.table_ids(conn, self.db_id).items()
+            }
+
+    def tables(self) -> Mapping[str, TableSchema]:
+        return self._tables
+
+    def chunks(self, table: str, time_min: int | None, time_max: int | None) -> Sequence[Chunk]:
+        with self.catalog.engine.connect() as conn:
+            rows = self.catalog.chunk_rows(conn, self.db_id, table=table, time_min=time_min, time_max=time_max)
+        schema = self._tables[table].columns
+        return [chunk_from_row(r, schema) for r in rows]
+
+    def sort_keys(self, table: str) -> Mapping[str, tuple[str, ...]]:
+        with self.catalog.engine.connect() as conn:
+            rows = self.catalog.partition_rows(conn, self.db_id, table)
+        return {r.partition_key: tuple(r.sort_key) for r in rows if r.sort_key is not None}
+

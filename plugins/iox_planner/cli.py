@@ -1,0 +1,218 @@
+"""The `iox-batch` command: parse arguments, call the library, print. No logic lives only here."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from rich.console import Console
+
+from . import __version__
+from .errors import BadInputError, IoxError
+
+# Off a terminal (pipes, CI logs) rich would wrap tables at 80 columns; give them room unless COLUMNS says.
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
+
+
+def _catalog() -> Any:
+    from .catalog import Catalog
+
+    catalog = Catalog()
+    catalog.require_schema()
+    return catalog
+
+
+# --- commands ------------------------------------------------------------------------------------------------
+
+
+def cmd_catalog_migrate(args: argparse.Namespace) -> int:
+    from .catalog import Catalog
+
+    catalog = Catalog()
+    applied = catalog.migrate()
+    version = catalog.schema_version()
+    if applied:
+        for m in applied:
+            out.print(f"applied {m.version:04d}_{m.name}.sql")
+    out.print(f"catalog schema at version {version}" + ("" if applied else " (nothing to apply)"))
+    return 0
+
+
+def cmd_write(args: argparse.Namespace) -> int:
+    from .ingest import read_input, write_line_protocol
+    from .lineprotocol import Precision
+
+    text, source = read_input(args.file)
+    catalog = _catalog()
+    result = write_line_protocol(catalog, args.db, text, precision=Precision(args.precision),
+                                 accept_partial=args.accept_partial, source=source)
+    for chunk in result.chunks:
+        out.print(f"wrote ingester chunk {chunk.id}: {chunk.table} {chunk.partition}, {chunk.rows} rows, "
+                  f"order {chunk.order}")
+    out.print(f"{result.rows} rows in {len(result.chunks)} chunk(s) written to {args.db}")
+    if result.rejected:
+        err.print(f"rejected {len(result.rejected)} bad line(s): " + "; ".join(str(e) for e in result.rejected))
+    return 0
+
+
+def cmd_persist(args: argparse.Namespace) -> int:
+    from .ingest import persist
+
+    catalog = _catalog()
+    results = persist(catalog, args.db, table=args.table)
+    for r in results:
+        out.print(f"persisted {r.table} {r.partition}: {r.chunks_in} ingester chunk(s), {r.rows_in} rows -> "
+                  f"file {r.file_id} with {r.rows_out} rows (order {r.order})")
+    if not results:
+        out.print("nothing to persist: no ingester chunks")
+    return 0
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from .scenario import load_scenario, read_scenario
+
+    scenario = read_scenario(args.scenario)
+    catalog = _catalog()
+    db, loaded = load_scenario(catalog, scenario, args.db)
+    for c in loaded:
+        out.print(f"loaded {c.kind.value} chunk {c.id}: {c.table} {c.partition}, {c.rows} rows, order {c.order}")
+    out.print(f"{len(loaded)} chunk(s) loaded into {db}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .show import show
+
+    catalog = _catalog()
+    show(catalog, args.db, args.table, out)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .commands import explain
+
+    out.print(explain(args), markup=False)
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from .commands import query
+
+    return query(args, out)
+
+
+# --- argument parsing ----------------------------------------------------------------------------------------
+
+
+def _add_db(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("--db", required=required, help="database name ([A-Za-z0-9_-]{1,64})")
+
+
+def _add_query_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="bound parameter for :NAME in the SQL (repeatable)")
+    p.add_argument("--time-start", metavar="T", help="RFC 3339; rows with time >= T (half-open range)")
+    p.add_argument("--time-end", metavar="T", help="RFC 3339; rows with time < T (half-open range)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="settings",
+                   help="planner setting, e.g. target_partitions=8 (also IOX_<NAME> variables)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="iox-batch",
+        description="Batch SQL over IOx-style time-series data: catalog, ingest, planner, Spark execution.",
+    )
+    parser.add_argument("--version", action="version", version=f"iox-batch {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    catalog = sub.add_parser("catalog", help="catalog administration")
+    catalog_sub = catalog.add_subparsers(dest="catalog_command", required=True, metavar="ACTION")
+    migrate = catalog_sub.add_parser("migrate", help="apply the catalog migrations not yet applied")
+    migrate.set_defaults(func=cmd_catalog_migrate)
+
+    write = sub.add_parser("write", help="write line protocol as ingester chunks")
+    _add_db(write)
+    write.add_argument("--precision", choices=["ns", "us", "ms", "s"], default="ns",
+                       help="unit of the timestamps (default ns)")
+    write.add_argument("--accept-partial", action="store_true",
+                       help="store the good lines and report the bad ones (default: reject the whole write)")
+    write.add_argument("file", metavar="FILE|-", help="line protocol file, or - for standard input")
+    write.set_defaults(func=cmd_write)
+
+    persist = sub.add_parser("persist", help="persist ingester chunks as deduplicated, sorted Parquet files")
+    _add_db(persist)
+    persist.add_argument("--table", help="only this table")
+    persist.set_defaults(func=cmd_persist)
+
+    load = sub.add_parser("load", help="load a scenario file's chunks into the catalog")
+    load.add_argument("scenario", metavar="SCENARIO.yaml")
+    _add_db(load, required=False)
+    load.set_defaults(func=cmd_load)
+
+    show = sub.add_parser("show", help="tables, partitions and chunks of a database")
+    _add_db(show)
+    show.add_argument("table", nargs="?", metavar="TABLE")
+    show.set_defaults(func=cmd_show)
+
+    explain = sub.add_parser("explain", help="show the optimized physical plan of a query")
+    _add_db(explain, required=False)
+    explain.add_argument("sql", metavar="SQL")
+    explain.add_argument("--chunks", metavar="SCENARIO.yaml",
+                         help="plan against this scenario's chunk metadata alone (no catalog, no Spark, no data)")
+    explain.add_argument("--format", choices=["tree", "yaml", "json"], default="tree")
+    explain.add_argument("--analyze", action="store_true", help="run the plan and show per-node metrics")
+    _add_query_options(explain)
+    explain.set_defaults(func=cmd_explain)
+
+    query = sub.add_parser("query", help="plan and run a query on Spark")
+    _add_db(query)
+    query.add_argument("sql", metavar="SQL")
+    query.add_argument("--format", choices=["table", "csv", "jsonl", "parquet"], default="table")
+    query.add_argument("--output", metavar="PATH",
+                       help="write here (a file for csv/jsonl, a folder for parquet) instead of standard output")
+    _add_query_options(query)
+    query.set_defaults(func=cmd_query)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except IoxError as error:
+        err.print(f"error: {error}", markup=False)
+        return error.exit_code
+    except KeyboardInterrupt:
+        err.print("interrupted", markup=False)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as error:  # noqa: BLE001 - the last line of defence: one paragraph, no traceback
+        if os.environ.get("IOX_DEBUG"):
+            raise
+        err.print(f"internal error: {type(error).__name__}: {error} (set IOX_DEBUG=1 for the traceback, and "
+                  "please report it)", markup=False)
+        return 70
+
+
+def parse_assignments(items: Sequence[str], what: str) -> dict[str, str]:
+    """`name=value` pairs from repeated options."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise BadInputError(f"{what} {item!r} is not NAME=VALUE")
+        pairs[name.strip()] = value
+    return pairs
+
+
+if __name__ == "__main__":
+    sys.exit(main())

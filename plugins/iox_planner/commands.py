@@ -1,0 +1,51 @@
+"""Query-side commands shared by the CLI and the DAGs: plan (explain) and run (query)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .errors import BadInputError, UnsupportedError
+from .timeutil import check_range, parse_time
+
+
+def time_range(start: str | None, end: str | None) -> tuple[int | None, int | None]:
+    """Half-open `[start, end)` from RFC 3339 text; `start >= end` is an error."""
+    lo = parse_time(start, what="--time-start") if start else None
+    hi = parse_time(end, what="--time-end") if end else None
+    check_range(lo, hi)
+    return lo, hi
+
+
+def plan_from_args(args: argparse.Namespace) -> Any:
+    from .cli import parse_assignments
+    from .planner import PlannerSettings, plan_query
+
+    settings = PlannerSettings.from_env(parse_assignments(args.settings, "--set"))
+    params = parse_assignments(args.param, "--param")
+    lo, hi = time_range(args.time_start, args.time_end)
+    if getattr(args, "chunks", None):
+        from .scenario import read_scenario, scenario_source
+
+        source: Any = scenario_source(read_scenario(args.chunks))
+    else:
+        if not args.db:
+            raise BadInputError("explain needs --db DB (or --chunks SCENARIO.yaml to plan without a catalog)")
+        from .catalog import Catalog, CatalogSource
+
+        catalog = Catalog()
+        catalog.require_schema()
+        source = CatalogSource(catalog, args.db)
+    return plan_query(args.sql, source, params=params, time_start=lo, time_end=hi, settings=settings)
+
+
+def explain(args: argparse.Namespace) -> str:
+    from .planner import render
+
+    if args.analyze:
+        raise UnsupportedError("explain --analyze needs the Spark runner, which is not part of this build yet")
+    return str(render(plan_from_args(args), args.format))
+
+
+def query(args: argparse.Namespace, console: Any) -> int:
+    raise UnsupportedError("iox-batch query needs the Spark runner, which is not part of this build yet")

@@ -1,0 +1,41 @@
+"""Configuration by environment: where the project, the catalog and the warehouse are."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def project_root() -> Path:
+    """The checkout this package runs from (IOX_HOME overrides): holds catalog_sql/, dags/, spark_jobs/."""
+    env = os.environ.get("IOX_HOME")
+    if env:
+        return Path(env).resolve()
+    here = Path(__file__).resolve().parents[2]
+    if (here / "catalog_sql").is_dir():
+        return here
+    return Path.cwd().resolve()
+
+
+def state_dir() -> Path:
+    """Project-local state (the local Postgres state file, locks). Not committed."""
+    path = project_root() / ".iox"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def warehouse() -> Path:
+    """Where Parquet lives: IOX_WAREHOUSE, else the project's own `warehouse/` folder."""
+    env = os.environ.get("IOX_WAREHOUSE")
+    path = Path(env) if env else project_root() / "warehouse"
+    return path.resolve()
+
+
+def catalog_url() -> str:
+    """IOX_CATALOG_URL, else the project's own local Postgres (started on demand and reused)."""
+    env = os.environ.get("IOX_CATALOG_URL")
+    if env:
+        return env
+    from . import localpg
+
+    return localpg.ensure_running().url("iox")

@@ -1,0 +1,384 @@
+"""Writes and persists: line protocol becomes ingester chunks; ingester chunks become sorted, deduplicated
+Parquet files. Files are written before their catalog rows commit and removed again if the commit fails, so a
+failed command leaves catalog and warehouse as they were."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sqlalchemy.engine import Connection
+
+from . import storage
+from .catalog import Catalog, ChunkRow, check_db_name
+from .config import warehouse as default_warehouse
+from .errors import BadInputError, CatalogError
+from .lineprotocol import LineError, Point, Precision, parse
+from .model import LOCAL_STORE, TIME, ChunkKind, ColumnType
+from .timeutil import now_ns, partition_of
+
+DEFAULT_GRACE_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class WrittenChunk:
+    id: str
+    table: str
+    partition: str
+    rows: int
+    order: int
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    chunks: tuple[WrittenChunk, ...]
+    rejected: tuple[LineError, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.chunks)
+
+
+def _errors_paragraph(errors: Sequence[LineError], what: str) -> str:
+    listed = "; ".join(str(e) for e in errors)
+    return f"{what}: {len(errors)} bad line{'s' if len(errors) != 1 else ''}: {listed}"
+
+
+@dataclass
+class _Staged:
+    """Files written during a command, removed if the catalog transaction does not commit."""
+
+    root: Path
+    paths: list[Path] = field(default_factory=list)
+
+    def rollback(self) -> None:
+        for path in self.paths:
+            path.unlink(missing_ok=True)
+
+
+def chunk_path(db_id: int, table_id: int, partition_id: int) -> str:
+    """`<db id>/<table id>/<partition id>/<uuid>.parquet`: built from catalog ids, never from names."""
+    return f"{db_id}/{table_id}/{partition_id}/{uuid.uuid4()}.parquet"
+
+
+def _check_against_catalog(
+    catalog: Catalog, conn: Connection, db_id: int | None, points: Sequence[Point]
+) -> list[LineError]:
+    """Points whose tag/field kinds or field types conflict with the catalog's columns, as line errors."""
+    if db_id is None:
+        return []
+    known_tables = catalog.table_ids(conn, db_id)
+    cache: dict[str, dict[str, ColumnType]] = {}
+    errors: list[LineError] = []
+    for point in points:
+        table_id = known_tables.get(point.measurement)
+        if table_id is None:
+            continue
+        if point.measurement not in cache:
+            cache[point.measurement] = catalog.table_columns(conn, table_id)
+        problem = _conflict(point, cache[point.measurement])
+        if problem:
+            errors.append(LineError(point.line, 1, problem))
+    return errors
+
+
+def _conflict(point: Point, known: Mapping[str, ColumnType]) -> str | None:
+    for tag in point.tags:
+        if tag in known and known[tag] is not ColumnType.TAG:
+            return (f"{point.measurement}.{tag} is a {known[tag].value} field in the catalog and cannot be "
+                    "written as a tag")
+    for name, (ctype, _) in point.fields.items():
+        if name in known and known[name] is not ctype:
+            what = "a tag" if known[name] is ColumnType.TAG else f"of type {known[name].value}"
+            return (f"field {point.measurement}.{name} is {what} in the catalog, but this line writes it as "
+                    f"{ctype.value}")
+    return None
+
+
+def write_points(
+    catalog: Catalog,
+    db: str,
+    points: Sequence[Point],
+    *,
+    orders: Mapping[tuple[str, str], int] | None = None,
+    labels: Mapping[tuple[str, str], str] | None = None,
+    kind: ChunkKind = ChunkKind.INGESTER,
+    sort_key: Sequence[str] | None = None,
+    store: str = LOCAL_STORE,
+    accept_partial: bool = False,
+    conn: Connection | None = None,
+    staged: _Staged | None = None,
+    warehouse: Path | None = None,
+) -> WriteResult:
+    """Store points as one chunk per (table, partition) and register them in one transaction.
+
+    Ingester chunks keep rows exactly as written, with their write position. A Parquet chunk is deduplicated and
+    sorted as a persisted file would be (scenario loads). Rows whose columns conflict with the catalog are
+    rejected with their line: all of them fail the write, unless `accept_partial` drops just those lines.
+    """
+    root = warehouse or default_warehouse()
+    if conn is None:
+        own_staged = _Staged(root)
+        try:
+            with catalog.engine.begin() as own:
+                return write_points(catalog, db, points, orders=orders, labels=labels, kind=kind,
+                                    sort_key=sort_key, store=store, accept_partial=accept_partial, conn=own,
+                                    staged=own_staged, warehouse=root)
+        except BaseException:
+            own_staged.rollback()
+            raise
+    assert staged is not None
+    db_id = catalog.ensure_database(conn, db)
+    conflicts = _check_against_catalog(catalog, conn, db_id, points)
+    if conflicts and not accept_partial:
+        raise BadInputError(_errors_paragraph(conflicts, f"nothing was written to {db!r}"))
+    bad_lines = {e.line for e in conflicts}
+    good = [p for p in points if p.line not in bad_lines]
+    if not good:
+        raise BadInputError(f"nothing to write to {db!r}: the input holds no valid point")
+
+    groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
+    for point in good:
+        groups[(point.measurement, partition_of(point.time))].append(point)
+
+    written: list[WrittenChunk] = []
+    for (table_name, partition_key), group in sorted(groups.items()):
+        table_id = catalog.ensure_table(conn, db_id, table_name)
+        wanted = storage.chunk_columns(group)
+        current = catalog.add_columns(conn, table_id, wanted)
+        # A concurrent writer may have added a name with another type between our check and our insert.
+        for point in group:
+            problem = _conflict(point, current)
+            if problem:
+                raise BadInputError(f"line {point.line}: {problem} (a concurrent write added it first)")
+        partition_id = catalog.ensure_partition(conn, table_id, partition_key)
+        order = (orders or {}).get((table_name, partition_key)) or catalog.next_orders(conn, 1)[0]
+        label = (labels or {}).get((table_name, partition_key))
+        data = storage.points_to_table(group, wanted)
+        if kind is ChunkKind.PARQUET:
+            data, file_sort_key = _as_persisted(catalog, conn, partition_id, data, wanted, sort_key)
+        rel = chunk_path(db_id, table_id, partition_id)
+        path = root / rel
+        staged.paths.append(path)
+        size = storage.write_parquet_atomic(data, path, metadata={"iox.kind": kind.value})
+        times = data[TIME]
+        mm = pc.min_max(times).as_py()
+        values = dict(
+            object_id=path.stem, label=label, table_id=table_id, partition_id=partition_id, store=store,
+            path=rel, min_time=mm["min"], max_time=mm["max"], row_count=data.num_rows, file_size=size,
+            column_names=list(storage.column_layout(wanted)),
+            tag_ranges={k: list(v) for k, v in storage.tag_ranges(data, wanted).items()}, chunk_order=order,
+        )
+        if kind is ChunkKind.PARQUET:
+            values["sort_key"] = list(file_sort_key)
+        chunk_id = catalog.insert_chunk(conn, kind, values)
+        display = label or f"{'P' if kind is ChunkKind.PARQUET else 'I'}{chunk_id}"
+        written.append(WrittenChunk(display, table_name, partition_key, data.num_rows, order))
+    return WriteResult(tuple(written), tuple(conflicts))
+
+
+def _as_persisted(
+    catalog: Catalog,
+    conn: Connection,
+    partition_id: int,
+    data: pa.Table,
+    columns: Mapping[str, ColumnType],
+    override: Sequence[str] | None,
+) -> tuple[pa.Table, list[str]]:
+    """Deduplicate and sort a chunk as persist would; fix or extend the partition's sort key on the way."""
+    deduped = storage.deduplicate([(0, data)], columns)
+    fixed = catalog.lock_partition(conn, partition_id)
+    partition_key = _partition_sort_key(fixed, columns, deduped)
+    if list(partition_key) != list(fixed or []):
+        catalog.set_sort_key(conn, partition_id, partition_key)
+    if override:
+        unknown = [c for c in override if c not in columns]
+        if unknown:
+            raise BadInputError(f"sort_key names {', '.join(unknown)}, which the chunk does not have")
+        file_key = list(override)
+    else:
+        file_key = [c for c in partition_key if c in columns]
+    return storage.sort_table(deduped, file_key), file_key
+
+
+def _partition_sort_key(
+    fixed: Sequence[str] | None, columns: Mapping[str, ColumnType], data: pa.Table
+) -> list[str]:
+    """The partition's sort key after persisting `data`: fixed at the first persist, later tags before time."""
+    if fixed is None:
+        return storage.derive_sort_key(data, columns)
+    return storage.extend_sort_key(fixed, columns, data)
+
+
+def write_line_protocol(
+    catalog: Catalog,
+    db: str,
+    text: str,
+    *,
+    precision: Precision = Precision.NS,
+    accept_partial: bool = False,
+    source: str = "input",
+) -> WriteResult:
+    """`iox-batch write`: parse everything first; a write with bad lines is rejected whole (nothing stored) unless
+    `accept_partial`, which stores the good lines and reports the bad ones."""
+    check_db_name(db)
+    result = parse(text, precision=precision, default_time=now_ns())
+    if result.errors and not accept_partial:
+        raise BadInputError(_errors_paragraph(result.errors, f"nothing was written from {source}"))
+    if not result.points:
+        if result.errors:
+            raise BadInputError(_errors_paragraph(result.errors, f"nothing was written from {source}"))
+        raise BadInputError(f"nothing to write: {source} holds no line protocol points")
+    written = write_points(catalog, db, result.points, accept_partial=accept_partial)
+    return WriteResult(written.chunks, tuple(sorted([*result.errors, *written.rejected], key=lambda e: e.line)))
+
+
+# --- persist -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PersistResult:
+    table: str
+    partition: str
+    chunks_in: int
+    rows_in: int
+    rows_out: int
+    file_id: str
+    order: int
+
+
+def persist(
+    catalog: Catalog,
+    db: str,
+    *,
+    table: str | None = None,
+    warehouse: Path | None = None,
+    grace_seconds: float | None = None,
+    after_read: Callable[[], None] | None = None,
+) -> list[PersistResult]:
+    """Turn each partition's ingester chunks into one deduplicated Parquet file sorted on the partition sort key.
+
+    Per partition, in one transaction: lock the partition (another persist waits; writes go on), read its live
+    ingester chunks, merge them, write the file, register it and retire exactly the chunks read. A write landing
+    meanwhile is a chunk this persist did not read, so it stays. Retired files are deleted after a grace period.
+    """
+    root = warehouse or default_warehouse()
+    with catalog.engine.connect() as conn:
+        db_id = catalog.database_id(conn, db)
+        if table is not None and table not in catalog.table_ids(conn, db_id):
+            known = ", ".join(sorted(catalog.table_ids(conn, db_id))) or "none"
+            raise CatalogError(f"table {table!r} does not exist in database {db!r} (tables: {known})")
+        rows = catalog.chunk_rows(conn, db_id, table=table)
+    by_partition: dict[int, list[ChunkRow]] = defaultdict(list)
+    for row in rows:
+        by_partition[row.partition_id].append(row)
+    targets = [pid for pid, chunks in by_partition.items() if any(c.kind is ChunkKind.INGESTER for c in chunks)]
+    # Refuse up front, before changing anything, where merging would reorder writes.
+    for pid in targets:
+        _check_mergeable(by_partition[pid])
+    results = []
+    for pid in sorted(targets, key=lambda p: (by_partition[p][0].table, by_partition[p][0].partition)):
+        result = _persist_partition(catalog, db_id, pid, root, after_read)
+        if result is not None:
+            results.append(result)
+    collect_garbage(catalog, root, DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds)
+    return results
+
+
+def _check_mergeable(chunks: Sequence[ChunkRow]) -> None:
+    ingester = [c for c in chunks if c.kind is ChunkKind.INGESTER]
+    parquet = [c for c in chunks if c.kind is ChunkKind.PARQUET]
+    if not ingester or not parquet:
+        return
+    oldest = min(ingester, key=lambda c: c.order)
+    newest_file = max(parquet, key=lambda c: c.order)
+    if oldest.order < newest_file.order:
+        raise CatalogError(
+            f"cannot persist {oldest.table} partition {oldest.partition}: ingester chunk {oldest.display_id} "
+            f"(order {oldest.order}) is older than Parquet file {newest_file.display_id} (order "
+            f"{newest_file.order}); merging it into a new file would let it override newer data. This can only "
+            "come from a scenario file: give the ingester chunks higher orders than the Parquet files"
+        )
+
+
+def _persist_partition(
+    catalog: Catalog, db_id: int, partition_id: int, root: Path, after_read: Callable[[], None] | None
+) -> PersistResult | None:
+    staged = _Staged(root)
+    try:
+        with catalog.engine.begin() as conn:
+            fixed_key = catalog.lock_partition(conn, partition_id)
+            chunks = catalog.chunk_rows(conn, db_id, partition_id=partition_id)
+            _check_mergeable(chunks)
+            ingester = [c for c in chunks if c.kind is ChunkKind.INGESTER]
+            if not ingester:
+                return None
+            if after_read is not None:
+                after_read()
+            first = ingester[0]
+            table_columns = catalog.table_columns(conn, first.table_id)
+            parts = [(c.order, storage.read_chunk(root / c.path, c.display_id)) for c in ingester]
+            columns = {name: table_columns[name] for c in ingester for name in c.column_names}
+            merged = storage.deduplicate(parts, columns)
+            key = _partition_sort_key(fixed_key, columns, merged)
+            if list(key) != list(fixed_key or []):
+                catalog.set_sort_key(conn, partition_id, key)
+            file_key = [c for c in key if c in columns]
+            merged = storage.sort_table(merged, file_key)
+            rel = chunk_path(db_id, first.table_id, partition_id)
+            staged.paths.append(root / rel)
+            size = storage.write_parquet_atomic(merged, root / rel, metadata={"iox.kind": "parquet"})
+            order = max(c.order for c in ingester)
+            mm = pc.min_max(merged[TIME]).as_py()
+            file_id = catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(
+                object_id=Path(rel).stem, label=None, table_id=first.table_id, partition_id=partition_id,
+                store=LOCAL_STORE, path=rel, min_time=mm["min"], max_time=mm["max"], row_count=merged.num_rows,
+                file_size=size, column_names=storage.column_layout(columns),
+                tag_ranges={k: list(v) for k, v in storage.tag_ranges(merged, columns).items()},
+                chunk_order=order, sort_key=file_key,
+            ))
+            catalog.retire_chunks(conn, ChunkKind.INGESTER, [c.id for c in ingester])
+            return PersistResult(first.table, first.partition, len(ingester), sum(c.row_count for c in ingester),
+                                 merged.num_rows, f"P{file_id}", order)
+    except BaseException:
+        staged.rollback()
+        raise
+
+
+def collect_garbage(catalog: Catalog, root: Path, grace_seconds: float) -> int:
+    """Delete files retired longer ago than the grace period, then their rows. Returns how many."""
+    with catalog.engine.begin() as conn:
+        expired = catalog.expired_chunks(conn, grace_seconds)
+        for kind in ChunkKind:
+            ids = [cid for k, cid, _, _ in expired if k is kind]
+            if ids:
+                catalog.delete_chunk_rows(conn, kind, ids)
+    # Rows go first: a crash between the two leaves an orphan file, never a row naming a missing file.
+    for _, _, store, path in expired:
+        if store == LOCAL_STORE:
+            (root / path).unlink(missing_ok=True)
+    return len(expired)
+
+
+def read_input(source: str) -> tuple[str, str]:
+    """The text of FILE or `-` (standard input), with a name for messages."""
+    if source == "-":
+        return sys.stdin.read(), "standard input"
+    try:
+        return Path(source).read_text(encoding="utf-8"), source
+    except FileNotFoundError as err:
+        raise BadInputError(f"cannot read {source}: no such file") from err
+    except IsADirectoryError as err:
+        raise BadInputError(f"cannot read {source}: it is a folder, not a file") from err
+    except PermissionError as err:
+        raise BadInputError(f"cannot read {source}: permission denied") from err
+    except UnicodeDecodeError as err:
+        raise BadInputError(f"cannot read {source}: it is not UTF-8 text ({err.reason} at byte {err.start})") from err
+

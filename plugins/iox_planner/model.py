@@ -1,0 +1,143 @@
+"""What the catalog knows about tables and chunks, as the planner sees it. Plain immutable values."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+CHUNK_ORDER = "__chunk_order"
+"""Virtual column carrying chunk order (and write position for ingester data) down to the dedup."""
+
+WRITE_SEQ = "__seq"
+"""Stored column of an ingester chunk: each row's write position inside its chunk (later wins)."""
+
+TIME = "time"
+
+
+class ColumnType(str, enum.Enum):
+    TAG = "tag"
+    FLOAT = "float"
+    INTEGER = "integer"
+    UNSIGNED = "unsigned"
+    BOOLEAN = "boolean"
+    STRING = "string"
+    TIME = "time"
+
+    @property
+    def is_field(self) -> bool:
+        return self not in (ColumnType.TAG, ColumnType.TIME)
+
+    @property
+    def is_key(self) -> bool:
+        return not self.is_field
+
+
+class ChunkKind(str, enum.Enum):
+    PARQUET = "parquet"
+    INGESTER = "ingester"
+
+
+LOCAL_STORE = "file://"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk: an ingester chunk (unsorted, may hold duplicates) or a persisted Parquet file (sorted, no dups).
+
+    `time_min`/`time_max` are inclusive nanoseconds; None means unknown. `columns` maps each column the chunk has
+    to its type. `tag_ranges` holds per-tag (min, max) where known. `sort_key` is the file's sort key (Parquet only).
+    `path` is relative to the warehouse (None for metadata-only chunks).
+    """
+
+    id: str
+    kind: ChunkKind
+    table: str
+    partition: str
+    order: int
+    time_min: int | None
+    time_max: int | None
+    columns: Mapping[str, ColumnType]
+    rows: int | None = None
+    tag_ranges: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    sort_key: tuple[str, ...] = ()
+    store: str = LOCAL_STORE
+    path: str | None = None
+
+    @property
+    def may_contain_pk_duplicates(self) -> bool:
+        return self.kind is ChunkKind.INGESTER
+
+    @property
+    def has_time_range(self) -> bool:
+        return self.time_min is not None and self.time_max is not None
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    """A table's columns (name -> type) and, per partition, its sort key where one is fixed."""
+
+    name: str
+    columns: Mapping[str, ColumnType]
+
+    @property
+    def tags(self) -> list[str]:
+        return sorted(c for c, t in self.columns.items() if t is ColumnType.TAG)
+
+    @property
+    def fields(self) -> list[str]:
+        return sorted(c for c, t in self.columns.items() if t.is_field)
+
+    @property
+    def star_columns(self) -> list[str]:
+        """`SELECT *` order: tags, then fields, each by name, then time."""
+        return [*self.tags, *self.fields, TIME]
+
+
+class ChunkSource(Protocol):
+    """Where the planner gets tables and chunks: the Postgres catalog, or a scenario file's metadata alone."""
+
+    def tables(self) -> Mapping[str, TableSchema]:
+        """Every table of the database, by name."""
+        ...
+
+    def chunks(self, table: str, time_min: int | None, time_max: int | None) -> Sequence[Chunk]:
+        """Live chunks of `table` whose time range may overlap the inclusive `[time_min, time_max]` (None: open).
+
+        Chunks with unknown time range are always returned.
+        """
+        ...
+
+    def sort_keys(self, table: str) -> Mapping[str, tuple[str, ...]]:
+        """The partition sort key of each partition of `table` that has one fixed."""
+        ...
+
+
+@dataclass(frozen=True)
+class StaticSource:
+    """A ChunkSource over chunks held in memory (scenario metadata, tests). Tables derive from their chunks
+    unless given."""
+
+    chunk_list: tuple[Chunk, ...]
+    table_schemas: Mapping[str, TableSchema] = field(default_factory=dict)
+    partition_sort_keys: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+
+    def tables(self) -> Mapping[str, TableSchema]:
+        out: dict[str, dict[str, ColumnType]] = {}
+        for chunk in self.chunk_list:
+            out.setdefault(chunk.table, {}).update(chunk.columns)
+        schemas = {name: TableSchema(name, cols) for name, cols in out.items()}
+        schemas.update(self.table_schemas)
+        return schemas
+
+    def chunks(self, table: str, time_min: int | None, time_max: int | None) -> Sequence[Chunk]:
+        def overlaps(c: Chunk) -> bool:
+            if not c.has_time_range:
+                return True
+            assert c.time_min is not None and c.time_max is not None
+            return (time_max is None or c.time_min <= time_max) and (time_min is None or c.time_max >= time_min)
+
+        return [c for c in self.chunk_list if c.table == table and overlaps(c)]
+
+    def sort_keys(self, table: str) -> Mapping[str, tuple[str, ...]]:
+        return dict(self.partition_sort_keys.get(table, {}))

@@ -1,0 +1,170 @@
+"""Chunk files on disk: Arrow tables from points, IOx deduplication, sort keys, atomic Parquet writes.
+
+Time is stored as int64 nanoseconds (Spark reads Parquet nanosecond timestamps only as plain longs); ingester
+chunks also keep each row's write position in `__seq`.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .errors import CatalogError
+from .lineprotocol import Point
+from .model import TIME, WRITE_SEQ, ColumnType
+
+ARROW_TYPES: Mapping[ColumnType, pa.DataType] = {
+    ColumnType.TAG: pa.string(),
+    ColumnType.FLOAT: pa.float64(),
+    ColumnType.INTEGER: pa.int64(),
+    ColumnType.UNSIGNED: pa.uint64(),
+    ColumnType.BOOLEAN: pa.bool_(),
+    ColumnType.STRING: pa.string(),
+    ColumnType.TIME: pa.int64(),
+}
+
+_ORDER = "__order"  # transient: (chunk order, write position) packed into one sortable pair of columns
+
+
+def column_layout(columns: Mapping[str, ColumnType]) -> list[str]:
+    """File column order: tags by name, fields by name, then time."""
+    tags = sorted(c for c, t in columns.items() if t is ColumnType.TAG)
+    fields = sorted(c for c, t in columns.items() if t.is_field)
+    return [*tags, *fields, TIME]
+
+
+def arrow_schema(columns: Mapping[str, ColumnType], *, with_seq: bool = False) -> pa.Schema:
+    names = column_layout(columns)
+    schema = pa.schema([pa.field(n, ARROW_TYPES[columns[n]], nullable=n != TIME) for n in names])
+    if with_seq:
+        schema = schema.append(pa.field(WRITE_SEQ, pa.int64(), nullable=False))
+    return schema
+
+
+def points_to_table(points: Sequence[Point], columns: Mapping[str, ColumnType]) -> pa.Table:
+    """Rows in write order, with `__seq` = write position, columns as `column_layout`."""
+    data: dict[str, list[object]] = {name: [] for name in columns}
+    for point in points:
+        for name in columns:
+            ctype = columns[name]
+            if ctype is ColumnType.TIME:
+                data[name].append(point.time)
+            elif ctype is ColumnType.TAG:
+                data[name].append(point.tags.get(name))
+            else:
+                value = point.fields.get(name)
+                data[name].append(None if value is None else value[1])
+    schema = arrow_schema(columns, with_seq=True)
+    arrays = [pa.array(data[f.name], type=f.type) for f in schema if f.name != WRITE_SEQ]
+    arrays.append(pa.array(range(len(points)), type=pa.int64()))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def chunk_columns(points: Iterable[Point]) -> dict[str, ColumnType]:
+    """The columns a set of points has (tags, fields with their types, time)."""
+    columns: dict[str, ColumnType] = {}
+    for point in points:
+        for tag in point.tags:
+            columns[tag] = ColumnType.TAG
+        for name, (ctype, _) in point.fields.items():
+            columns[name] = ctype
+    columns[TIME] = ColumnType.TIME
+    return columns
+
+
+def tag_ranges(table: pa.Table, columns: Mapping[str, ColumnType]) -> dict[str, tuple[str, str]]:
+    """Per tag (min, max) of its non-null values; a tag with no values has no range."""
+    out: dict[str, tuple[str, str]] = {}
+    for name, ctype in columns.items():
+        if ctype is ColumnType.TAG and name in table.column_names:
+            mm = pc.min_max(table[name]).as_py()
+            if mm["min"] is not None:
+                out[name] = (mm["min"], mm["max"])
+    return out
+
+
+def derive_sort_key(table: pa.Table, columns: Mapping[str, ColumnType]) -> list[str]:
+    """Tags by ascending number of distinct values (ties by name), then time."""
+    tags = [c for c, t in columns.items() if t is ColumnType.TAG]
+    counts = {tag: pc.count_distinct(table[tag]).as_py() if tag in table.column_names else 0 for tag in tags}
+    return [*sorted(tags, key=lambda t: (counts[t], t)), TIME]
+
+
+def extend_sort_key(sort_key: Sequence[str], columns: Mapping[str, ColumnType], table: pa.Table) -> list[str]:
+    """A fixed sort key stays; tags that appear later go just before time (ordered as a fresh key would be)."""
+    known = set(sort_key)
+    new_tags = [c for c in derive_sort_key(table, columns) if c != TIME and c not in known]
+    head = [c for c in sort_key if c != TIME]
+    return [*head, *new_tags, TIME]
+
+
+def sort_table(table: pa.Table, sort_key: Sequence[str]) -> pa.Table:
+    """Sort on the key, ascending, NULLs first (Spark's ascending default)."""
+    keys = [(c, "ascending", "at_start") for c in sort_key if c in table.column_names]
+    if not keys:
+        return table
+    return table.sort_by(keys)
+
+
+def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, ColumnType]) -> pa.Table:
+    """IOx deduplication of `(chunk order, table)` parts: one row per primary key (tags + time, NULL tag equals
+    NULL tag); every other column takes its last non-null value by chunk order, then write position (`__seq`).
+    Parts may lack columns; the result has all of `columns` and no `__seq`."""
+    schema = arrow_schema(columns)
+    aligned = []
+    for order, part in parts:
+        arrays = []
+        for f in schema:
+            arrays.append(part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(len(part), f.type))
+        seq = part[WRITE_SEQ] if WRITE_SEQ in part.column_names else pa.array(range(len(part)), pa.int64())
+        arrays += [pa.array([order] * len(part), pa.int64()), seq.cast(pa.int64())]
+        aligned.append(pa.Table.from_arrays(arrays, names=[*schema.names, _ORDER, WRITE_SEQ]))
+    if not aligned:
+        return schema.empty_table()
+    merged = pa.concat_tables(aligned).sort_by([(_ORDER, "ascending"), (WRITE_SEQ, "ascending")])
+    keys = [n for n in schema.names if columns[n].is_key]
+    values = [n for n in schema.names if columns[n].is_field]
+    if not values:
+        result = merged.group_by(keys, use_threads=False).aggregate([])
+    else:
+        # `last` over rows ordered oldest first, skipping NULLs, in one single-threaded pass (threads would
+        # lose the order the semantics depend on).
+        options = pc.ScalarAggregateOptions(skip_nulls=True)
+        result = merged.group_by(keys, use_threads=False).aggregate([(v, "last", options) for v in values])
+        renamed = {f"{v}_last": v for v in values}
+        result = result.rename_columns([renamed.get(c, c) for c in result.column_names])
+    return result.select(schema.names).cast(schema)
+
+
+def write_parquet_atomic(table: pa.Table, path: Path, *, metadata: Mapping[str, str] | None = None) -> int:
+    """Write aside, fsync, then rename into place. Returns the file size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    if metadata:
+        existing = table.schema.metadata or {}
+        table = table.replace_schema_metadata({**existing, **{k.encode(): v.encode() for k, v in metadata.items()}})
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
+def read_chunk(path: Path, chunk_id: str) -> pa.Table:
+    """Read a chunk's file; a missing or corrupt file is an error naming the file and its chunk."""
+    try:
+        return pq.read_table(path)
+    except FileNotFoundError as err:
+        raise CatalogError(f"chunk {chunk_id}: its file {path} is missing from the warehouse") from err
+    except (pa.ArrowInvalid, OSError) as err:
+        raise CatalogError(f"chunk {chunk_id}: its file {path} cannot be read as Parquet ({err})") from err

@@ -1,0 +1,84 @@
+"""Time at the edges: nanosecond integers inside, RFC 3339 UTC text and day partitions outside."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from .errors import BadInputError
+
+NS_PER_SECOND = 1_000_000_000
+NS_PER_DAY = 86_400 * NS_PER_SECOND
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+_RFC3339 = re.compile(
+    r"^(?P<date>\d{4}-\d{2}-\d{2})(?:[Tt ](?P<h>\d{2}):(?P<m>\d{2})(?::(?P<s>\d{2})(?:\.(?P<frac>\d{1,9}))?)?"
+    r"(?P<tz>[Zz]|[+-]\d{2}:?\d{2})?)?$"
+)
+
+
+def partition_of(time_ns: int) -> str:
+    """The UTC day partition key (`YYYY-MM-DD`) of a nanosecond timestamp."""
+    day = time_ns // NS_PER_DAY
+    return (dt.date(1970, 1, 1) + dt.timedelta(days=day)).isoformat()
+
+
+def partition_bounds(partition: str) -> tuple[int, int]:
+    """Inclusive nanosecond bounds `[start, end]` of a day partition."""
+    try:
+        day = dt.date.fromisoformat(partition)
+    except ValueError as err:
+        raise BadInputError(f"partition {partition!r} is not a day in the form YYYY-MM-DD") from err
+    start = (day - dt.date(1970, 1, 1)).days * NS_PER_DAY
+    return start, start + NS_PER_DAY - 1
+
+
+def parse_time(text: str, *, what: str = "time") -> int:
+    """Parse RFC 3339 (a date alone means its midnight UTC; no zone means UTC) to nanoseconds since the epoch."""
+    match = _RFC3339.match(text.strip())
+    if not match:
+        raise BadInputError(
+            f"{what} {text!r} is not an RFC 3339 time; write it like 2024-01-01T00:00:00Z "
+            "or 2024-01-01T00:00:00.123456789+02:00"
+        )
+    try:
+        day = dt.date.fromisoformat(match["date"])
+        clock = dt.time(int(match["h"] or 0), int(match["m"] or 0), int(match["s"] or 0))
+    except ValueError as err:
+        raise BadInputError(f"{what} {text!r} is not a valid date and time: {err}") from err
+    offset_s = 0
+    tz = match["tz"]
+    if tz and tz not in ("Z", "z"):
+        sign = -1 if tz[0] == "-" else 1
+        digits = tz[1:].replace(":", "")
+        offset_s = sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+    seconds = (day - dt.date(1970, 1, 1)).days * 86_400 + clock.hour * 3600 + clock.minute * 60 + clock.second
+    frac = (match["frac"] or "").ljust(9, "0")
+    return (seconds - offset_s) * NS_PER_SECOND + int(frac or 0)
+
+
+def format_time(time_ns: int) -> str:
+    """RFC 3339 UTC with `Z` and as many fractional digits as needed, up to 9."""
+    seconds, nanos = divmod(time_ns, NS_PER_SECOND)
+    stamp = (_EPOCH + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
+    if nanos:
+        stamp += "." + f"{nanos:09d}".rstrip("0")
+    return stamp + "Z"
+
+
+def now_ns() -> int:
+    """The current time in nanoseconds (wall clock, UTC)."""
+    import time
+
+    return time.time_ns()
+
+
+def check_range(start: int | None, end: int | None) -> None:
+    """A half-open `[start, end)` range must have `start < end`."""
+    if start is not None and end is not None and start >= end:
+        raise BadInputError(
+            f"time range start {format_time(start)} is not before its end {format_time(end)}; "
+            "time ranges are half-open [start, end), so start must be earlier than end"
+        )

@@ -1,0 +1,84 @@
+"""Shared fixtures: the tests' own catalog database (on the project's local Postgres, never the user's catalog)
+and their own warehouse."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from iox_planner import localpg
+from iox_planner.catalog import Catalog
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fresh_database(prefix: str) -> tuple[str, str]:
+    pg = localpg.ensure_running()
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    return name, localpg.ensure_database(pg, name)
+
+
+def _drop_database(name: str) -> None:
+    pg = localpg.ensure_running()
+    engine = sa.create_engine(pg.url("postgres"), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def catalog_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A catalog database of the test session's own, migrated; the environment points every command at it."""
+    name, url = _fresh_database("iox_test")
+    warehouse = tmp_path_factory.mktemp("warehouse")
+    saved = {k: os.environ.get(k) for k in ("IOX_CATALOG_URL", "IOX_WAREHOUSE")}
+    os.environ["IOX_CATALOG_URL"] = url
+    os.environ["IOX_WAREHOUSE"] = str(warehouse)
+    Catalog(url).migrate()
+    yield url
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def catalog(catalog_url: str) -> Iterator[Catalog]:
+    cat = Catalog(catalog_url)
+    yield cat
+    cat.dispose()
+
+
+@pytest.fixture
+def warehouse() -> Path:
+    return Path(os.environ["IOX_WAREHOUSE"])
+
+
+@pytest.fixture
+def db(catalog: Catalog) -> str:
+    """A database name no other test uses (databases are created by the first write)."""
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def empty_catalog() -> Iterator[str]:
+    """A brand-new, unmigrated catalog database."""
+    name, url = _fresh_database("iox_empty")
+    yield url
+    _drop_database(name)
+
+
+def run_cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the installed `iox-batch` as a user would."""
+    exe = Path(sys.executable).parent / "iox-batch"
+    return subprocess.run([str(exe), *args], input=stdin, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)

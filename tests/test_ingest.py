@@ -1,0 +1,253 @@
+"""Writes and persists against the real Postgres catalog and a real warehouse folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from iox_planner.catalog import Catalog
+from iox_planner.errors import BadInputError, CatalogError
+from iox_planner.ingest import collect_garbage, persist, write_line_protocol
+from iox_planner.scenario import load_scenario, parse_scenario
+
+from helpers import catalog_counts, live_chunks, read_rows, warehouse_files
+
+DAY = 86_400_000_000_000
+T0 = 1_704_067_200_000_000_000  # 2024-01-01T00:00:00Z
+
+
+def write(catalog: Catalog, db: str, text: str, **kw: object) -> object:
+    return write_line_protocol(catalog, db, text, **kw)  # type: ignore[arg-type]
+
+
+def persisted_rows(catalog: Catalog, db: str, warehouse: Path, table: str) -> list[dict[str, object]]:
+    files = [c for c in live_chunks(catalog, db) if c["kind"] == "parquet" and c["table_name"] == table]
+    assert len(files) == 1, files
+    return read_rows(warehouse / files[0]["path"])
+
+
+# --- write --------------------------------------------------------------------------------------------------
+
+
+def test_write_registers_one_chunk_per_table_and_day(catalog: Catalog, db: str, warehouse: Path) -> None:
+    write(catalog, db, "\n".join([
+        f"cpu,host=b,region=eu usage=1.5 {T0 + 10}",
+        f"cpu,host=a usage=2.5,count=3i {T0 + 5}",
+        f"mem,host=a free=10u {T0 + 7}",
+        f"cpu,host=c usage=0.5 {T0 + DAY + 1}",
+    ]))
+    chunks = live_chunks(catalog, db)
+    summary = [(c["kind"], c["table_name"], c["partition_key"], c["min_time"], c["max_time"], c["row_count"])
+               for c in chunks]
+    assert sorted(summary) == [
+        ("ingester", "cpu", "2024-01-01", T0 + 5, T0 + 10, 2),
+        ("ingester", "cpu", "2024-01-02", T0 + DAY + 1, T0 + DAY + 1, 1),
+        ("ingester", "mem", "2024-01-01", T0 + 7, T0 + 7, 1),
+    ]
+    by_key = {(c["table_name"], c["partition_key"]): c for c in chunks}
+    first = by_key[("cpu", "2024-01-01")]
+    assert set(first["column_names"]) == {"host", "region", "usage", "count", "time"}
+    assert first["tag_ranges"] == {"host": ["a", "b"], "region": ["eu", "eu"]}
+    # One write takes one order per chunk, all distinct and increasing, newer than anything before.
+    orders = sorted(c["chunk_order"] for c in chunks)
+    assert len(set(orders)) == 3
+    write(catalog, db, f"cpu,host=a usage=9 {T0 + 5}")
+    newest = live_chunks(catalog, db)[-1]
+    assert newest["chunk_order"] > orders[-1]
+    # Paths are built from catalog ids, never from names.
+    parts = Path(first["path"]).parts
+    assert len(parts) == 4 and all(p.isdigit() for p in parts[:3]) and parts[3].endswith(".parquet")
+    assert (warehouse / first["path"]).is_file()
+
+
+def test_ingester_chunk_keeps_rows_exactly_as_written(catalog: Catalog, db: str, warehouse: Path) -> None:
+    write(catalog, db, f"m,t=a v=1 {T0}\nm,t=a v=2 {T0}\nm v=3 {T0}\nm,t=a u=18446744073709551615u {T0}")
+    (chunk,) = live_chunks(catalog, db)
+    rows = read_rows(warehouse / chunk["path"])
+    assert rows == [
+        {"t": "a", "u": None, "v": 1.0, "time": T0, "__seq": 0},
+        {"t": "a", "u": None, "v": 2.0, "time": T0, "__seq": 1},
+        {"t": None, "u": None, "v": 3.0, "time": T0, "__seq": 2},
+        {"t": "a", "u": 18446744073709551615, "v": None, "time": T0, "__seq": 3},
+    ]
+
+
+def test_field_type_conflict_with_catalog_is_rejected_whole(catalog: Catalog, db: str, warehouse: Path) -> None:
+    write(catalog, db, f"m,t=a f=1.5 {T0}")
+    before_files, before_rows = warehouse_files(warehouse), catalog_counts(catalog)
+    with pytest.raises(BadInputError) as info:
+        write(catalog, db, f"m,t=b g=2.5 {T0}\nm,t=c f=3i {T0}")
+    message = str(info.value)
+    assert "line 2" in message and "float" in message and "integer" in message
+    assert "line 1" not in message
+    with pytest.raises(BadInputError) as info:
+        write(catalog, db, f"m,t=b g=2.5 {T0}\nm,f=x g=1 {T0}")
+    message = str(info.value)
+    assert "line 2" in message and "tag" in message and "line 1" not in message
+    assert warehouse_files(warehouse) == before_files
+    assert catalog_counts(catalog) == before_rows
+
+
+def test_accept_partial_stores_good_lines_and_reports_bad(catalog: Catalog, db: str) -> None:
+    write(catalog, db, f"m,t=a f=1.5 {T0}")
+    result = write(catalog, db, f"m,t=b f=2.5 {T0}\nm,t=c f=3i {T0}\nbroken line\nm,t=d f=4 {T0}",
+                   accept_partial=True)
+    assert result.rows == 2  # type: ignore[attr-defined]
+    assert sorted(e.line for e in result.rejected) == [2, 3]  # type: ignore[attr-defined]
+    assert sum(c["row_count"] for c in live_chunks(catalog, db)) == 3
+
+
+def test_bad_lines_reject_the_whole_write_listing_every_error(catalog: Catalog, db: str, warehouse: Path) -> None:
+    before_files, before_rows = warehouse_files(warehouse), catalog_counts(catalog)
+    with pytest.raises(BadInputError) as info:
+        write(catalog, db, f"m,t=a f=1 {T0}\nm,t=a\nm,t=a f=1 {T0}\nm f=\"open {T0}")
+    message = str(info.value)
+    assert "2 bad lines" in message and "line 2" in message and "line 4" in message
+    assert warehouse_files(warehouse) == before_files
+    assert catalog_counts(catalog) == before_rows
+
+
+# --- persist ------------------------------------------------------------------------------------------------
+
+
+def test_persist_merges_columns_last_non_null_wins(catalog: Catalog, db: str, warehouse: Path) -> None:
+    write(catalog, db, f"m,host=A f1=2 {T0}")
+    write(catalog, db, f"m,host=A f2=3 {T0}")
+    write(catalog, db, f"m,host=A f1=5 {T0}\nm,host=A f1=6 {T0}")  # within one chunk, the later write wins
+    (result,) = persist(catalog, db)
+    assert (result.chunks_in, result.rows_in, result.rows_out) == (3, 4, 1)
+    assert persisted_rows(catalog, db, warehouse, "m") == [{"host": "A", "f1": 6.0, "f2": 3.0, "time": T0}]
+
+
+def test_persist_null_tag_equals_null_tag_and_1ns_apart_stays(catalog: Catalog, db: str, warehouse: Path) -> None:
+    write(catalog, db, "\n".join([
+        f"m,host=a v=1 {T0}",
+        f"m v=2 {T0}",
+        f"m,region=x v=4 {T0}",
+        f"m v=3 {T0}",
+        f"m,host=a v=5 {T0 + 1}",
+    ]))
+    write(catalog, db, f"m,host=a w=true {T0}")
+    persist(catalog, db)
+    rows = persisted_rows(catalog, db, warehouse, "m")
+    # Sort key: host has 1 distinct value, region 1: ties by name -> host, region, time; NULLs first.
+    assert rows == [
+        {"host": None, "region": None, "v": 3.0, "w": None, "time": T0},
+        {"host": None, "region": "x", "v": 4.0, "w": None, "time": T0},
+        {"host": "a", "region": None, "v": 1.0, "w": True, "time": T0},
+        {"host": "a", "region": None, "v": 5.0, "w": None, "time": T0 + 1},
+    ]
+
+
+def test_persist_sorts_on_partition_sort_key_and_fixes_it(catalog: Catalog, db: str, warehouse: Path) -> None:
+    write(catalog, db, "\n".join([
+        f"m,city=SF,state=CA v=1 {T0 + 3}",
+        f"m,city=LA,state=CA v=2 {T0 + 1}",
+        f"m,city=Boston,state=MA v=3 {T0 + 2}",
+    ]))
+    persist(catalog, db)
+    (file,) = [c for c in live_chunks(catalog, db) if c["kind"] == "parquet"]
+    assert file["sort_key"] == ["state", "city", "time"]  # state: 2 distinct values, city: 3
+    assert [(r["state"], r["city"]) for r in read_rows(warehouse / file["path"])] == [
+        ("CA", "LA"), ("CA", "SF"), ("MA", "Boston")]
+    # A tag that appears later goes just before time; the fixed part stays even if counts change.
+    write(catalog, db, "\n".join(f"m,city=C{i},state=S{i},zone=z v=1 {T0 + 10 + i}" for i in range(5)))
+    persist(catalog, db)
+    files = [c for c in live_chunks(catalog, db) if c["kind"] == "parquet"]
+    assert files[-1]["sort_key"] == ["state", "city", "zone", "time"]
+
+
+def test_persist_swaps_atomically_and_keeps_a_racing_write(catalog: Catalog, db: str, warehouse: Path) -> None:
+    write(catalog, db, f"m,t=a v=1 {T0}")
+    write(catalog, db, f"m,t=b v=2 {T0}")
+
+    def racing_write() -> None:
+        # Lands after persist read its chunk list, before it commits: in its own transaction and connection.
+        write(catalog, db, f"m,t=c v=3 {T0}")
+
+    (result,) = persist(catalog, db, after_read=racing_write)
+    assert result.chunks_in == 2
+    live = live_chunks(catalog, db)
+    assert [(c["kind"], c["row_count"]) for c in live] == [("parquet", 2), ("ingester", 1)]
+    assert read_rows(warehouse / live[1]["path"], drop=("__seq",)) == [{"t": "c", "v": 3.0, "time": T0}]
+    # The persisted file is older than the racing write: it takes the highest order of what it merged.
+    assert live[0]["chunk_order"] < live[1]["chunk_order"]
+
+
+def test_retired_chunks_are_deleted_only_after_the_grace_period(catalog: Catalog, db: str, warehouse: Path) -> None:
+    write(catalog, db, f"m,t=a v=1 {T0}")
+    (chunk,) = live_chunks(catalog, db)
+    persist(catalog, db)
+    assert (warehouse / chunk["path"]).exists(), "retired file must survive the grace period"
+    collect_garbage(catalog, warehouse, grace_seconds=0.0)
+    assert not (warehouse / chunk["path"]).exists()
+    (file,) = live_chunks(catalog, db)
+    assert (warehouse / file["path"]).exists()
+
+
+def test_persist_refuses_an_ingester_chunk_older_than_a_file(catalog: Catalog, db: str, warehouse: Path) -> None:
+    scenario = parse_scenario({"chunks": [
+        {"id": "I1", "kind": "ingester", "order": 1, "lines": f"m,t=a v=1 {T0}"},
+        {"id": "F2", "kind": "parquet", "order": 2, "lines": f"m,t=a v=2 {T0}"},
+    ]})
+    load_scenario(catalog, scenario, db)
+    before_files, before_rows = warehouse_files(warehouse), catalog_counts(catalog)
+    with pytest.raises(CatalogError, match="I1.*older than Parquet file F2"):
+        persist(catalog, db)
+    assert warehouse_files(warehouse) == before_files
+    assert catalog_counts(catalog) == before_rows
+
+
+def test_persist_unknown_database_and_table(catalog: Catalog, db: str) -> None:
+    with pytest.raises(CatalogError, match="does not exist"):
+        persist(catalog, db)
+    write(catalog, db, f"m,t=a v=1 {T0}")
+    with pytest.raises(CatalogError, match="table 'nope' does not exist.*tables: m"):
+        persist(catalog, db, table="nope")
+
+
+# --- load ---------------------------------------------------------------------------------------------------
+
+
+def test_load_a_chunk_spanning_two_days(catalog: Catalog, db: str, warehouse: Path) -> None:
+    scenario = parse_scenario({"chunks": [
+        {"id": "F1", "kind": "parquet", "lines": f"m,t=b v=1 {T0 + 5}\nm,t=a v=2 {T0 + 5}\nm,t=a v=3 {T0 + DAY}"},
+        {"id": "I2", "kind": "ingester", "lines": f"m,t=a v=4 {T0 + 5}\nm,t=a v=5 {T0 + 5}"},
+    ]})
+    name, loaded = load_scenario(catalog, scenario, db)
+    assert name == db
+    assert [(c.id, c.partition, c.rows, c.order) for c in loaded] == [
+        ("F1.1", "2024-01-01", 2, 1), ("F1.2", "2024-01-02", 1, 1), ("I2", "2024-01-01", 2, 2)]
+    chunks = {c["label"]: c for c in live_chunks(catalog, db)}
+    # A Parquet chunk from lines is deduplicated and sorted like a persisted file; an ingester one is kept as is.
+    assert read_rows(warehouse / chunks["F1.1"]["path"]) == [
+        {"t": "a", "v": 2.0, "time": T0 + 5}, {"t": "b", "v": 1.0, "time": T0 + 5}]
+    assert [r["v"] for r in read_rows(warehouse / chunks["I2"]["path"])] == [4.0, 5.0]
+    # Loading more counts orders on from the highest the database holds; the order sequence moved past them.
+    _, more = load_scenario(catalog, parse_scenario({"chunks": [
+        {"id": "I3", "kind": "ingester", "lines": f"m,t=z v=9 {T0}"}]}), db)
+    assert more[0].order == 3
+    result = write(catalog, db, f"m,t=y v=1 {T0}")
+    assert result.chunks[0].order > 3  # type: ignore[attr-defined]
+
+
+def test_load_is_all_or_nothing(catalog: Catalog, db: str, warehouse: Path) -> None:
+    before_files, before_rows = warehouse_files(warehouse), catalog_counts(catalog)
+    scenario = parse_scenario({"chunks": [
+        {"id": "A", "kind": "parquet", "lines": f"m,t=a v=1 {T0}"},
+        {"id": "B", "kind": "ingester", "lines": f"m,t=a v=1i {T0}"},  # v changes type: refused
+    ]})
+    with pytest.raises(BadInputError, match="chunk B: .*line 1"):
+        load_scenario(catalog, scenario, db)
+    assert warehouse_files(warehouse) == before_files
+    assert catalog_counts(catalog) == before_rows
+
+
+def test_load_refuses_duplicate_orders(catalog: Catalog, db: str) -> None:
+    scenario = parse_scenario({"chunks": [
+        {"id": "A", "kind": "parquet", "order": 4, "lines": f"m,t=a v=1 {T0}"},
+        {"id": "B", "kind": "ingester", "order": 4, "lines": f"m,t=a v=2 {T0}"},
+    ]})
+    with pytest.raises(BadInputError, match="both have order 4"):
+        load_scenario(catalog, scenario, db)
