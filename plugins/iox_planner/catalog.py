@@ -7,7 +7,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
@@ -147,9 +147,9 @@ def migration_files(folder: Path | None = None) -> list[Migration]:
     return found
 
 
-@dataclass(frozen=True)
-class ChunkRow:
-    """A catalog row of either chunk table, with its table and partition names."""
+class ChunkRow(NamedTuple):
+    """A catalog row of either chunk table, with its table and partition names. (A tuple: the planner reads
+    thousands of these per query, and tuples build several times faster than frozen dataclasses.)"""
 
     kind: ChunkKind
     id: int
@@ -370,14 +370,12 @@ class Catalog:
             if time_min is not None:
                 # Chunks lie inside one day, so this bound keeps the scan on the (table_id, min_time) index tight.
                 query = query.where(ct.c.max_time >= time_min, ct.c.min_time > time_min - NS_PER_DAY)
-            for r in conn.execute(query):
+            parquet = kind is ChunkKind.PARQUET
+            for r in conn.execute(query).tuples():
                 out.append(ChunkRow(
-                    kind=kind, id=int(r.id), label=r.label, table=r.table_name, table_id=int(r.table_id),
-                    partition=r.partition_key, partition_id=int(r.partition_id), store=r.store, path=r.path,
-                    min_time=int(r.min_time), max_time=int(r.max_time), row_count=int(r.row_count),
-                    file_size=int(r.file_size), column_names=tuple(r.column_names),
-                    tag_ranges={k: (v[0], v[1]) for k, v in r.tag_ranges.items()}, order=int(r.chunk_order),
-                    sort_key=tuple(r.sort_key) if kind is ChunkKind.PARQUET else (),
+                    kind, r[0], r[1], r[3], r[2], r[5], r[4], r[6], r[7], r[8], r[9], r[10], r[11],
+                    tuple(r[12]), {k: (v[0], v[1]) for k, v in r[13].items()} if r[13] else {}, r[14],
+                    tuple(r[15]) if parquet else (),
                 ))
         out.sort(key=lambda c: (c.table, c.partition, c.order, c.kind.value, c.id))
         return out
@@ -416,6 +414,23 @@ class Catalog:
     def delete_chunk_rows(self, conn: Connection, kind: ChunkKind, ids: Sequence[int]) -> None:
         ct = CHUNK_TABLES[kind]
         conn.execute(ct.delete().where(ct.c.id.in_(list(ids))))
+
+
+def drop_database(catalog: Catalog, name: str, warehouse_root: Path) -> int:
+    """Delete a database: its catalog rows in one transaction, then its warehouse folder. Returns its id."""
+    import shutil
+
+    with catalog.engine.begin() as conn:
+        db_id = catalog.database_id(conn, name)
+        table_ids = sa.select(tables.c.id).where(tables.c.database_id == db_id).scalar_subquery()
+        for ct in CHUNK_TABLES.values():
+            conn.execute(ct.delete().where(ct.c.table_id.in_(table_ids)))
+        conn.execute(partitions.delete().where(partitions.c.table_id.in_(table_ids)))
+        conn.execute(columns.delete().where(columns.c.table_id.in_(table_ids)))
+        conn.execute(tables.delete().where(tables.c.database_id == db_id))
+        conn.execute(databases.delete().where(databases.c.id == db_id))
+    shutil.rmtree(warehouse_root / str(db_id), ignore_errors=True)
+    return db_id
 
 
 def chunk_from_row(row: ChunkRow, table_columns: Mapping[str, ColumnType]) -> Chunk:

@@ -12,8 +12,9 @@ from rich.console import Console
 from . import __version__
 from .errors import BadInputError, IoxError
 
-# Off a terminal (pipes, CI logs) rich would wrap tables at 80 columns; give them room unless COLUMNS says.
-_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
+# Off a terminal (pipes, files, CI logs) rich would wrap tables at 80 columns: never wrap there, since a
+# reader of piped output wants whole lines.
+_WIDTH = None if sys.stdout.isatty() else 1000
 out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
 err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
@@ -81,6 +82,17 @@ def cmd_load(args: argparse.Namespace) -> int:
     for c in loaded:
         out.print(f"loaded {c.kind.value} chunk {c.id}: {c.table} {c.partition}, {c.rows} rows, order {c.order}")
     out.print(f"{len(loaded)} chunk(s) loaded into {db}")
+    return 0
+
+
+def cmd_drop(args: argparse.Namespace) -> int:
+    from .catalog import drop_database
+    from .config import warehouse
+
+    if not args.yes:
+        raise BadInputError(f"dropping database {args.db!r} deletes its catalog rows and files; add --yes to confirm")
+    drop_database(_catalog(), args.db, warehouse())
+    out.print(f"dropped database {args.db}")
     return 0
 
 
@@ -157,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(show)
     show.add_argument("table", nargs="?", metavar="TABLE")
     show.set_defaults(func=cmd_show)
+
+    drop = sub.add_parser("drop", help="delete a database: its catalog rows and its files")
+    _add_db(drop)
+    drop.add_argument("--yes", action="store_true", help="confirm")
+    drop.set_defaults(func=cmd_drop)
 
     explain = sub.add_parser("explain", help="show the optimized physical plan of a query")
     _add_db(explain, required=False)

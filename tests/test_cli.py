@@ -1,0 +1,120 @@
+"""The `iox-batch` command as a user runs it: exit codes, one-paragraph errors, nothing half-written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from helpers import catalog_counts, warehouse_files
+from iox_planner.catalog import Catalog
+
+T0 = 1_704_067_200_000_000_000
+
+
+def assert_one_paragraph_error(result: object, *needles: str) -> None:
+    assert result.returncode != 0, result.stdout  # type: ignore[attr-defined]
+    stderr = result.stderr.strip()  # type: ignore[attr-defined]
+    assert stderr.startswith("error: "), stderr
+    assert "\n\n" not in stderr and "Traceback" not in stderr, stderr
+    for needle in needles:
+        assert needle in stderr, stderr
+
+
+def test_write_from_stdin_then_show(catalog: Catalog, db: str) -> None:
+    result = run_cli("write", "--db", db, "-", stdin=f"cpu,host=a usage=1.5 {T0}\ncpu,host=b usage=2 {T0 + 1}\n")
+    assert result.returncode == 0, result.stderr
+    assert "2 rows in 1 chunk(s)" in result.stdout
+    shown = run_cli("show", "--db", db)
+    assert shown.returncode == 0, shown.stderr
+    assert "cpu" in shown.stdout and "2024-01-01" in shown.stdout and "ingester" in shown.stdout
+    assert "2024-01-01T00:00:00Z" in shown.stdout and "2024-01-01T00:00:00.000000001Z" in shown.stdout
+
+
+def test_write_precision_seconds(catalog: Catalog, db: str) -> None:
+    result = run_cli("write", "--db", db, "--precision", "s", "-", stdin="m,t=a v=1 1704067200\n")
+    assert result.returncode == 0, result.stderr
+    assert "2024-01-01" in run_cli("show", "--db", db).stdout
+
+
+def test_bad_line_protocol_is_rejected_whole(catalog: Catalog, db: str, warehouse: Path) -> None:
+    before = warehouse_files(warehouse), catalog_counts(catalog)
+    result = run_cli("write", "--db", db, "-", stdin=f"m,t=a v=1 {T0}\nm,t=a v= {T0}\nm,time=x v=1\n")
+    assert_one_paragraph_error(result, "line 2", "line 3", "time")
+    assert (warehouse_files(warehouse), catalog_counts(catalog)) == before
+
+
+def test_accept_partial_reports_bad_lines(catalog: Catalog, db: str) -> None:
+    result = run_cli("write", "--db", db, "--accept-partial", "-", stdin=f"m,t=a v=1 {T0}\nbad\n")
+    assert result.returncode == 0, result.stderr
+    assert "1 rows in 1 chunk(s)" in result.stdout and "line 2" in result.stderr
+
+
+@pytest.mark.parametrize("command", [["show"], ["persist"]])
+def test_unknown_database_is_an_error(catalog: Catalog, command: list[str]) -> None:
+    result = run_cli(*command, "--db", "no_such_db")
+    assert_one_paragraph_error(result, "'no_such_db' does not exist")
+
+
+def test_bad_database_name(catalog: Catalog) -> None:
+    result = run_cli("write", "--db", "bad name!", "-", stdin=f"m v=1 {T0}\n")
+    assert_one_paragraph_error(result, "database name")
+
+
+def test_unreadable_file(catalog: Catalog, db: str, tmp_path: Path) -> None:
+    assert_one_paragraph_error(run_cli("write", "--db", db, str(tmp_path / "missing.lp")), "no such file")
+    assert_one_paragraph_error(run_cli("write", "--db", db, str(tmp_path)), "folder")
+    binary = tmp_path / "binary.lp"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert_one_paragraph_error(run_cli("write", "--db", db, str(binary)), "not UTF-8")
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("db: x\nchunks: [", "not valid YAML"),
+        ("chunks: []", "non-empty list"),
+        ("chunks:\n  - id: A\n    kind: csv\n    lines: 'm v=1 1'", "chunk A: field `kind`"),
+        ("chunks:\n  - id: A\n    kind: parquet\n    lines: 'm v=1 1'\n    table: m", "both `lines` and metadata"),
+        ("chunks:\n  - id: A\n    kind: parquet\n    lines: 'm v= 1'", "chunk A: field `lines`: line 1"),
+        ("chunks:\n  - id: A\n    kind: parquet\n    order: -1\n    lines: 'm v=1 1'", "chunk A: field `order`"),
+        ("chunks:\n  - id: M\n    kind: parquet\n    table: m\n    partition: '2024-01-02'\n"
+         "    time: [1704067200000000000, 1704067200000000001]\n    columns: {v: float, time: time}",
+         "outside partition 2024-01-02"),
+        ("chunks:\n  - id: M\n    kind: parquet\n    table: m\n    partition: '2024-01-01'\n"
+         "    columns: {v: float, time: time}", "metadata only"),
+    ],
+)
+def test_invalid_scenario_files(catalog: Catalog, db: str, tmp_path: Path, warehouse: Path,
+                                content: str, needle: str) -> None:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(content)
+    before = warehouse_files(warehouse), catalog_counts(catalog)
+    assert_one_paragraph_error(run_cli("load", str(path), "--db", db), needle)
+    assert (warehouse_files(warehouse), catalog_counts(catalog)) == before
+
+
+def test_load_db_flag_wins_over_the_file(catalog: Catalog, db: str, tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(f"db: from_file_{db}\nchunks:\n  - id: A\n    kind: ingester\n    lines: 'm,t=a v=1 {T0}'\n")
+    result = run_cli("load", str(path), "--db", db)
+    assert result.returncode == 0, result.stderr
+    assert "A" in run_cli("show", "--db", db).stdout
+    assert run_cli("show", "--db", f"from_file_{db}").returncode != 0
+
+
+def test_persist_then_show(catalog: Catalog, db: str) -> None:
+    run_cli("write", "--db", db, "-", stdin=f"m,t=a v=1 {T0}\nm,t=a v=2 {T0}\n")
+    result = run_cli("persist", "--db", db)
+    assert result.returncode == 0, result.stderr
+    assert "2 rows -> file P" in result.stdout and "with 1 rows" in result.stdout
+    shown = run_cli("show", "--db", db).stdout
+    assert "parquet" in shown and "ingester" not in shown.split("chunks")[-1]
+
+
+def test_drop_needs_confirmation(catalog: Catalog, db: str) -> None:
+    run_cli("write", "--db", db, "-", stdin=f"m,t=a v=1 {T0}\n")
+    assert_one_paragraph_error(run_cli("drop", "--db", db), "--yes")
+    assert run_cli("drop", "--db", db, "--yes").returncode == 0
+    assert run_cli("show", "--db", db).returncode != 0
