@@ -48,4 +48,18 @@ def explain(args: argparse.Namespace) -> str:
 
 
 def query(args: argparse.Namespace, console: Any) -> int:
-    raise UnsupportedError("iox-batch query needs the Spark runner, which is not part of this build yet")
+    """Plan against the catalog and run on Spark; print or write the result."""
+    import sys
+    from pathlib import Path
+
+    from .output import OutputFormat
+    from .runner import run
+
+    plan = plan_from_args(args)
+    fmt = OutputFormat(args.format)
+    output = Path(args.output) if args.output else None
+    rows = run(plan, fmt, output, sys.stdout)
+    if output is not None:
+        what = f"{rows} rows" if rows >= 0 else "result"
+        console.print(f"{what} written to {output} ({fmt.value})")
+    return 0

@@ -1,0 +1,120 @@
+"""Run a plan on Spark: in this process (a local SparkSession, the CLI's default) or through spark-submit
+(`IOX_RUNNER=spark-submit`, and the Airflow DAGs). Both paths run the same executor and give identical results.
+Imported only by commands that run queries: everything else stays free of Spark."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, TextIO
+
+from .config import project_root, warehouse
+from .errors import BadInputError, IoxError
+from .output import OutputFormat, finish_columns, render_table, write_text_output
+from .planner.nodes import QueryPlan
+
+_SESSION: Any = None
+
+
+def spark_master() -> str:
+    return os.environ.get("IOX_SPARK_MASTER") or "local[*]"
+
+
+def session() -> Any:
+    """One SparkSession per process, built on first use. The JVM's own chatter goes to `.iox/spark.log`, not to
+    the user's terminal: errors come back as exceptions and are reported as iox-batch errors."""
+    global _SESSION
+    if _SESSION is None:
+        from spark_jobs.executor import build_session
+
+        from .config import state_dir
+
+        log = open(state_dir() / "spark.log", "ab")
+        saved = os.dup(2)
+        try:
+            os.dup2(log.fileno(), 2)  # the JVM inherits this descriptor as its standard error
+            _SESSION = build_session(spark_master())
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.close()
+    return _SESSION
+
+
+def run_in_process(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO,
+                   strategy: str = "split") -> int:
+    from spark_jobs.executor import execute, materialize, spark_errors
+
+    with spark_errors():
+        execution = execute(session(), plan, warehouse(), strategy=strategy)
+        return materialize(execution.result, fmt.value, output, stdout)
+
+
+def spark_submit_command(plan_file: Path, fmt: str, output: Path, strategy: str = "split") -> list[str]:
+    """The spark-submit invocation for a plan file (the Airflow DAGs build the same through SparkSubmitOperator)."""
+    from spark_jobs.executor import session_conf
+
+    submit = shutil.which("spark-submit") or str(Path(sys.executable).parent / "spark-submit")
+    cmd = [submit, "--master", spark_master()]
+    for key, value in session_conf().items():
+        cmd += ["--conf", f"{key}={value}"]
+    cmd += [str(project_root() / "spark_jobs" / "run_plan.py"), "--plan", str(plan_file),
+            "--warehouse", str(warehouse()), "--format", fmt, "--output", str(output), "--strategy", strategy]
+    return cmd
+
+
+def run_spark_submit(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO,
+                     strategy: str = "split") -> int:
+    with tempfile.TemporaryDirectory(prefix="iox-run-") as tmp:
+        plan_file = Path(tmp) / "plan.json"
+        plan_file.write_text(plan.to_json())
+        to_print = fmt is OutputFormat.TABLE or output is None
+        target = Path(tmp) / "result.arrow" if to_print else output
+        assert target is not None
+        env = {**os.environ, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+               "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+               "PYTHONPATH": os.pathsep.join([str(project_root()), os.environ.get("PYTHONPATH", "")])}
+        done = subprocess.run(
+            spark_submit_command(plan_file, "arrow" if to_print else fmt.value, target, strategy),
+            capture_output=True, text=True, env=env,
+        )
+        if done.returncode != 0:
+            errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+            if errors:
+                raise IoxError(errors[-1][len("error: "):])
+            tail = " ".join(done.stderr.strip().splitlines()[-5:])
+            raise IoxError(f"spark-submit failed (exit {done.returncode}): {tail}")
+        if not to_print:
+            return -1
+        import pyarrow as pa
+
+        with pa.memory_map(str(target)) as source:
+            table = pa.ipc.open_file(source).read_all()
+        return print_result(table, fmt, stdout)
+
+
+def print_result(table: Any, fmt: OutputFormat, stdout: TextIO) -> int:
+    table, ns_cols = finish_columns(table)
+    if fmt is OutputFormat.TABLE:
+        from rich.console import Console
+
+        Console(file=stdout, highlight=False, width=None if stdout.isatty() else 1000).print(
+            render_table(table, ns_cols))
+    else:
+        write_text_output(table, ns_cols, fmt, None, stdout)
+    return int(table.num_rows)
+
+
+def run(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO) -> int:
+    if fmt is OutputFormat.PARQUET and output is None:
+        raise BadInputError("parquet output is a folder: give --output PATH")
+    if fmt is OutputFormat.TABLE and output is not None:
+        raise BadInputError("format table prints to the terminal; use csv, jsonl or parquet with --output")
+    if os.environ.get("IOX_RUNNER", "in-process") == "spark-submit":
+        return run_spark_submit(plan, fmt, output, stdout)
+    return run_in_process(plan, fmt, output, stdout)
+

@@ -1,0 +1,406 @@
+"""Execute an iox-batch plan on Spark.
+
+Scan trees become DataFrames: ParquetExec and RecordBatchesExec read exactly their files through Spark's Parquet
+reader (projection and predicate pushed into it), FilterExec and ProjectionExec map to `where`/`select`, sort
+nodes are a cost model Spark plans its own way, and every DeduplicateExec of a scan tree is evaluated by one
+aggregation over the union of their inputs: the planner only splits dedups where keys cannot collide, so one
+`groupBy` over all of them gives the same rows with one shuffle, and chunks outside any dedup never shuffle.
+
+Each scan tree is registered as the view its `ScanInfo` names, with `time` converted at the edge from int64
+nanoseconds to a Spark TIMESTAMP (the nanoseconds stay in `__time_ns`), and the query's SQL runs over the views
+with its bound parameters.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+# PySpark warns about pandas 3 on import of its testing helpers; iox-batch moves data as Arrow, not pandas.
+warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+
+from pyspark.sql import Column, DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from iox_planner.errors import CatalogError
+from iox_planner.model import CHUNK_ORDER, TIME, WRITE_SEQ, Chunk, ChunkKind, ColumnType
+from iox_planner.planner.nodes import (
+    DeduplicateExec,
+    EmptyExec,
+    FilterExec,
+    ParquetExec,
+    PlanNode,
+    ProjectionExec,
+    QueryPlan,
+    RecordBatchesExec,
+    SortExec,
+    SortPreservingMergeExec,
+    UnionExec,
+)
+from iox_planner.planner.predicate import predicate_sql
+
+TIME_NS = "__time_ns"
+NS_PREFIX = "__iox_ns_"
+_ORDER_SHIFT = 32  # __chunk_order = chunk order << 32 | write position: one long keeps the aggregation hashed
+
+SPARK_TYPES: Mapping[ColumnType, T.DataType] = {
+    ColumnType.TAG: T.StringType(),
+    ColumnType.FLOAT: T.DoubleType(),
+    ColumnType.INTEGER: T.LongType(),
+    # Spark reads Parquet UINT64 as DECIMAL(20, 0): the whole 0..2^64-1 range survives.
+    ColumnType.UNSIGNED: T.DecimalType(20, 0),
+    ColumnType.BOOLEAN: T.BooleanType(),
+    ColumnType.STRING: T.StringType(),
+    ColumnType.TIME: T.LongType(),
+}
+
+DEFAULT_CONF: Mapping[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.ansi.enabled": "true",
+    "spark.sql.caseSensitive": "true",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.parquet.filterPushdown": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.driver.memory": "2g",
+    # Parquet output: timestamps as UTC microsecond timestamps (Spark's default is the legacy INT96).
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+}
+
+
+def parse_spark_conf(text: str | None) -> dict[str, str]:
+    """IOX_SPARK_CONF: `key=value` pairs separated by commas, semicolons or newlines."""
+    out: dict[str, str] = {}
+    for item in (text or "").replace(";", "\n").replace(",", "\n").splitlines():
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep:
+            from iox_planner.errors import BadInputError
+
+            raise BadInputError(f"IOX_SPARK_CONF entry {item!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+LOG4J = Path(__file__).resolve().with_name("log4j2.properties")
+
+
+def session_conf(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    conf = dict(DEFAULT_CONF)
+    conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J}"
+    conf["spark.executor.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J}"
+    conf.update(parse_spark_conf(os.environ.get("IOX_SPARK_CONF")))
+    conf.update(extra or {})
+    return conf
+
+
+def build_session(master: str | None = None, app: str = "iox-batch",
+                  conf: Mapping[str, str] | None = None) -> SparkSession:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName(app).master(master or os.environ.get("IOX_SPARK_MASTER") or "local[*]")
+    for key, value in session_conf(conf).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+# --- metrics (explain --analyze) ---------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeMetrics:
+    rows_out: int | None = None
+    rows_in: int | None = None
+    files: int | None = None
+    seconds: float | None = None
+
+    @property
+    def duplicates_removed(self) -> int | None:
+        if self.rows_in is None or self.rows_out is None:
+            return None
+        return self.rows_in - self.rows_out
+
+
+@dataclass
+class Execution:
+    """What running a plan produced: the result DataFrame and, when analyzing, per-node metrics."""
+
+    result: DataFrame
+    scans: list[DataFrame]
+    metrics: dict[int, NodeMetrics] = field(default_factory=dict)
+
+
+# --- scan trees ----------------------------------------------------------------------------------------------------
+
+
+class ScanBuilder:
+    """Turns one scan tree into a DataFrame of its output columns (time as int64 ns)."""
+
+    def __init__(self, spark: SparkSession, warehouse: Path, columns: Mapping[str, ColumnType],
+                 strategy: str = "split", analyze: bool = False) -> None:
+        self.spark = spark
+        self.warehouse = warehouse
+        self.columns = dict(columns)
+        self.strategy = strategy
+        self.analyze = analyze
+        self.metrics: dict[int, NodeMetrics] = {}
+
+    def schema_for(self, names: Iterable[str]) -> T.StructType:
+        # A column no scanned chunk has is NULL throughout; its type cannot matter beyond being nullable.
+        return T.StructType([
+            T.StructField(n, SPARK_TYPES[self.columns.get(n, ColumnType.STRING)], n != TIME) for n in names
+        ])
+
+    def build(self, node: PlanNode) -> DataFrame:
+        if self.strategy == "split" and isinstance(node, UnionExec):
+            return self._union_with_shared_dedup(node)
+        df = self._build(node)
+        self._measure(node, df)
+        return df
+
+    def _measure(self, node: PlanNode, df: DataFrame, rows_in: DataFrame | None = None) -> None:
+        if not self.analyze:
+            return
+        started = time.perf_counter()
+        metrics = self.metrics.setdefault(id(node), NodeMetrics())
+        metrics.rows_out = df.count()
+        if rows_in is not None:
+            metrics.rows_in = rows_in.count()
+        metrics.seconds = time.perf_counter() - started
+        if isinstance(node, ParquetExec):
+            metrics.files = len(node.files())
+        elif isinstance(node, RecordBatchesExec):
+            metrics.files = len(node.chunks)
+
+    def _build(self, node: PlanNode) -> DataFrame:
+        if isinstance(node, ProjectionExec):
+            return self.build(node.child).select(*[F.col(_q(c)) for c in node.columns])
+        if isinstance(node, FilterExec):
+            return self.build(node.child).where(predicate_sql(node.predicate))
+        if isinstance(node, (SortExec, SortPreservingMergeExec)):
+            # A cost model on Spark: the aggregation below does not depend on input order.
+            return self.build(node.child)
+        if isinstance(node, DeduplicateExec):
+            child = self.build(node.child)
+            result = deduplicate(child, [s.column for s in node.sort_key])
+            if self.analyze:
+                self._measure(node, result, rows_in=child)
+            return result
+        if isinstance(node, UnionExec):
+            parts = [self.build(c) for c in node.inputs]
+            return _union_all(parts)
+        if isinstance(node, ParquetExec):
+            return self.read(node.files(), node.projection, predicate_sql(node.predicate) if node.predicate else None)
+        if isinstance(node, RecordBatchesExec):
+            return self.read(list(node.chunks), node.projection, None)
+        if isinstance(node, EmptyExec):
+            return self.spark.createDataFrame([], self.schema_for([c for c in node.columns if c != CHUNK_ORDER])
+                                              ).withColumn(CHUNK_ORDER, F.lit(None).cast("long")).select(
+                *[_q(c) for c in node.columns])
+        raise CatalogError(f"the Spark runner does not know plan node {node.name}")
+
+    def _union_with_shared_dedup(self, node: UnionExec) -> DataFrame:
+        """A union of dedups and plain scans: one aggregation over all dedup inputs, plain scans as they are."""
+        dedups = [c for c in node.inputs if isinstance(c, DeduplicateExec)]
+        if len(dedups) < 2:
+            df = _union_all([self.build(c) for c in node.inputs])
+            self._measure(node, df)
+            return df
+        keys: list[str] = []
+        for d in dedups:
+            keys.extend(s.column for s in d.sort_key if s.column not in keys)
+        inputs = [self.build(d.child) for d in dedups]
+        merged_input = _union_all(inputs)
+        merged = deduplicate(merged_input, keys)
+        if self.analyze:
+            # Shared aggregation: report it on the first dedup, the others point to it.
+            self._measure(dedups[0], merged, rows_in=merged_input)
+        others = [self.build(c) for c in node.inputs if not isinstance(c, DeduplicateExec)]
+        df = _union_all([merged.select(*[_q(c) for c in node.schema]), *others])
+        self._measure(node, df)
+        return df
+
+    def read(self, chunks: Sequence[Chunk], projection: Sequence[str], predicate: str | None) -> DataFrame:
+        """Read chunk files with the table's types; columns a file lacks come out NULL."""
+        paths = []
+        for chunk in chunks:
+            if chunk.path is None:
+                raise CatalogError(f"chunk {chunk.id} has no file (metadata only); it cannot be read")
+            path = self.warehouse / chunk.path
+            check_file(path, chunk.id)
+            paths.append(str(path))
+        stored = [c for c in projection if c != CHUNK_ORDER]
+        needed = list(stored)
+        if predicate:
+            from iox_planner.planner.predicate import parse_predicate, columns_of
+
+            needed += sorted(c for c in columns_of(parse_predicate(predicate)) if c not in needed)
+        ingester = chunks[0].kind is ChunkKind.INGESTER
+        schema = self.schema_for(needed)
+        if ingester and CHUNK_ORDER in projection:
+            schema = schema.add(T.StructField(WRITE_SEQ, T.LongType(), False))
+        df = self.spark.read.schema(schema).parquet(*paths)
+        if predicate:
+            df = df.where(predicate)
+        if CHUNK_ORDER in projection:
+            df = df.withColumn(CHUNK_ORDER, _chunk_order(chunks, ingester))
+        return df.select(*[_q(c) for c in projection])
+
+
+def check_file(path: Path, chunk_id: str) -> None:
+    """Fail before Spark does, with the file and its chunk named (Spark's own error names neither clearly)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise CatalogError(f"chunk {chunk_id}: its file {path} is missing from the warehouse") from None
+    if size < 12:
+        raise CatalogError(f"chunk {chunk_id}: its file {path} is not a Parquet file ({size} bytes)")
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+        fh.seek(-4, os.SEEK_END)
+        tail = fh.read(4)
+    if head != b"PAR1" or tail != b"PAR1":
+        raise CatalogError(f"chunk {chunk_id}: its file {path} is corrupt (no Parquet magic bytes)")
+
+
+def _chunk_order(chunks: Sequence[Chunk], ingester: bool) -> Column:
+    """(chunk order << 32) | write position, chosen per file by its path."""
+    orders = {chunk.order for chunk in chunks}
+    if len(orders) == 1:
+        base: Column = F.lit(next(iter(orders)) << _ORDER_SHIFT)
+    else:
+        mapping: list[Column] = []
+        for chunk in chunks:
+            mapping += [F.lit(chunk.path), F.lit(chunk.order << _ORDER_SHIFT)]
+        # _metadata.file_path is a URI; the chunk's path is the warehouse-relative tail of it.
+        rel = F.regexp_extract(F.col("_metadata.file_path"), r"([^/]+/[^/]+/[^/]+/[^/]+)$", 1)
+        base = F.create_map(*mapping)[rel]
+    if ingester:
+        return (base + F.col(WRITE_SEQ)).cast("long")
+    return base.cast("long")
+
+
+def deduplicate(df: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """IOx dedup: one row per key (NULL equals NULL in grouping); every other column its last non-null value by
+    `__chunk_order`. `max_by` over a packed long ordering that is NULL where the value is NULL keeps this a hash
+    aggregation and skips NULLs."""
+    values = [c for c in df.columns if c not in keys and c != CHUNK_ORDER]
+    order = F.col(CHUNK_ORDER)
+    aggs = [F.max_by(F.col(_q(v)), F.when(F.col(_q(v)).isNotNull(), order)).alias(v) for v in values]
+    aggs.append(F.max(order).alias(CHUNK_ORDER))
+    grouped = df.groupBy(*[F.col(_q(k)) for k in keys]).agg(*aggs)
+    return grouped.select(*[_q(c) for c in df.columns])
+
+
+def _union_all(parts: Sequence[DataFrame]) -> DataFrame:
+    result = parts[0]
+    for part in parts[1:]:
+        result = result.unionByName(part)
+    return result
+
+
+def _q(name: str) -> str:
+    return f"`{name.replace('`', '``')}`"
+
+
+# --- whole plans -----------------------------------------------------------------------------------------------------
+
+
+def to_view(df: DataFrame) -> DataFrame:
+    """The view a query sees: `time` as a UTC TIMESTAMP (microseconds, floored), its nanoseconds in `__time_ns`."""
+    if TIME not in df.columns:
+        return df
+    cols = [F.col(_q(c)) for c in df.columns if c not in (TIME, CHUNK_ORDER)]
+    # Integer floor division: going through a double would lose the low bits of a nanosecond timestamp.
+    micros = F.expr(f"({TIME} - pmod({TIME}, 1000)) div 1000")
+    return df.select(*cols, F.timestamp_micros(micros).alias(TIME), F.col(TIME).alias(TIME_NS))
+
+
+def execute(spark: SparkSession, plan: QueryPlan, warehouse: Path, *, strategy: str = "split",
+            analyze: bool = False) -> Execution:
+    """Register one view per scan tree and run the query's SQL over them."""
+    scans = []
+    metrics: dict[int, NodeMetrics] = {}
+    for scan, tree in zip(plan.scans, plan.children):
+        columns = {name: ctype for chunk in tree.scanned_chunks() for name, ctype in chunk.columns.items()}
+        columns.update(scan.columns)
+        builder = ScanBuilder(spark, warehouse, columns, strategy=strategy, analyze=analyze)
+        df = builder.build(tree)
+        metrics.update(builder.metrics)
+        scans.append(df)
+        to_view(df).createOrReplaceTempView(scan.view)
+    args = {k: v for k, v in plan.params.items()}
+    result = spark.sql(plan.spark_sql, args=args) if args else spark.sql(plan.spark_sql)
+    return Execution(result, scans, metrics)
+
+
+@contextmanager
+def spark_errors() -> Iterator[None]:
+    """Spark's exceptions as iox-batch errors: one paragraph naming what went wrong."""
+    from pyspark.errors import PySparkException
+
+    from iox_planner.errors import BadQueryError, IoxError
+
+    try:
+        yield
+    except IoxError:
+        raise
+    except PySparkException as err:
+        condition = err.getCondition() if hasattr(err, "getCondition") else None
+        text = " ".join(str(err).split())
+        if len(text) > 600:
+            text = text[:600] + "..."
+        if condition and ("CANNOT_READ" in condition or "FILE" in condition or "PARQUET" in condition):
+            raise CatalogError(f"reading a chunk file failed: {text}") from err
+        raise BadQueryError(f"Spark rejected the query: {text}") from err
+
+
+# --- results -----------------------------------------------------------------------------------------------------
+
+
+def result_to_arrow(result: DataFrame) -> Any:
+    """The whole result on the driver as an Arrow table (for text formats and the terminal)."""
+    return result.toArrow()
+
+
+def materialize(result: DataFrame, fmt: str, output: Path | None, stdout: Any) -> int:
+    """Write the result in `fmt` to `output` (atomically) or to `stdout`. Returns rows written."""
+    from iox_planner.output import OutputFormat, finish_columns, render_table, write_text_output
+
+    kind = OutputFormat(fmt)
+    if kind is OutputFormat.PARQUET:
+        if output is None:
+            from iox_planner.errors import BadInputError
+
+            raise BadInputError("parquet output is a folder: give --output PATH")
+        from iox_planner.output import staged_folder
+
+        cols = [c for c in result.columns if not c.startswith("__")]
+        final = result.select(*[_q(c) for c in cols])
+        with staged_folder(output) as tmp:
+            final.write.parquet(str(tmp))
+        return int(result.sparkSession.read.parquet(str(output)).count())
+    table, ns_cols = finish_columns(result_to_arrow(result))
+    if kind is OutputFormat.TABLE:
+        if output is not None:
+            from iox_planner.errors import BadInputError
+
+            raise BadInputError("format table prints to the terminal; use csv, jsonl or parquet with --output")
+        from rich.console import Console
+
+        Console(file=stdout, highlight=False, width=None if stdout.isatty() else 1000).print(
+            render_table(table, ns_cols))
+        return int(table.num_rows)
+    write_text_output(table, ns_cols, kind, output, stdout)
+    return int(table.num_rows)

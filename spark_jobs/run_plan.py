@@ -1,0 +1,67 @@
+"""spark-submit entry point: execute a serialized iox-batch plan and write its result.
+
+    spark-submit spark_jobs/run_plan.py --plan plan.json --warehouse DIR --format jsonl --output out.jsonl
+
+`--format arrow` writes an Arrow IPC file (how `iox-batch query` reads a result back to print it). Exit status 0
+on success; on failure a one-paragraph `error: ...` on standard error and status 1, with nothing published.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="run_plan.py")
+    parser.add_argument("--plan", required=True, help="plan JSON file (iox-batch explain --format json)")
+    parser.add_argument("--warehouse", required=True)
+    parser.add_argument("--format", required=True, choices=["csv", "jsonl", "parquet", "arrow"])
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--strategy", default="split", choices=["split", "per-node"])
+    parser.add_argument("--metrics", help="write {\"rows\": N} here as JSON")
+    args = parser.parse_args(argv)
+
+    from iox_planner.errors import IoxError
+
+    try:
+        from iox_planner.planner.nodes import QueryPlan
+
+        from spark_jobs.executor import build_session, spark_errors
+
+        plan = QueryPlan.from_json(Path(args.plan).read_text())
+        spark = build_session(app="iox-batch run_plan")
+        with spark_errors():
+            rows = run(plan, spark, args)
+        if args.metrics:
+            Path(args.metrics).write_text(json.dumps({"rows": rows}))
+        spark.stop()
+        return 0
+    except IoxError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+def run(plan: Any, spark: Any, args: argparse.Namespace) -> int:
+    from spark_jobs.executor import execute, materialize, result_to_arrow
+
+    execution = execute(spark, plan, Path(args.warehouse), strategy=args.strategy)
+    output = Path(args.output)
+    if args.format != "arrow":
+        return materialize(execution.result, args.format, output, sys.stdout)
+    import pyarrow as pa
+
+    from iox_planner.output import staged_file
+
+    table = result_to_arrow(execution.result)
+    with staged_file(output) as tmp:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    return int(table.num_rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
