@@ -1,0 +1,21 @@
+"""The IOx query planner: SQL and chunk metadata in, an optimized IOx-style physical plan out.
+
+Imports neither Spark nor Airflow. `plan_query` plans, `render` shows a plan as EXPLAIN tree text, seed 000's
+YAML or the plan JSON the Spark job executes (`QueryPlan.from_json` reads it back).
+"""
+
+from __future__ import annotations
+
+from .api import plan_query, render
+from .nodes import (
+    DeduplicateExec, EmptyExec, FilterExec, ParquetExec, PlanNode, ProjectionExec, QueryExec, QueryPlan,
+    RecordBatchesExec, ScanInfo, ScanPruning, SortExec, SortItem, SortPreservingMergeExec, UnionExec,
+)
+from .optimizer import PASSES
+from .settings import PlannerSettings
+
+__all__ = [
+    "PASSES", "DeduplicateExec", "EmptyExec", "FilterExec", "ParquetExec", "PlanNode", "PlannerSettings",
+    "ProjectionExec", "QueryExec", "QueryPlan", "RecordBatchesExec", "ScanInfo", "ScanPruning", "SortExec",
+    "SortItem", "SortPreservingMergeExec", "UnionExec", "plan_query", "render",
+]

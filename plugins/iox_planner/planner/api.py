@@ -1,0 +1,132 @@
+"""The planner's entry points: `plan_query` (SQL and chunks in, QueryPlan out) and `render`."""
+
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from typing import Iterator, Literal, Mapping
+
+from sqlglot import exp
+
+from .. import timeutil
+from ..errors import CatalogError
+from ..model import Chunk, ChunkSource
+from .chunks import column_types
+from .context import PassContext
+from .explain import render_tree, render_yaml
+from .initial import initial_plan
+from .nodes import PlanNode, QueryPlan, ScanInfo, ScanPruning
+from .optimizer import optimize as run_passes
+from .predicate import Conjunct, column
+from .pruning import prune
+from .settings import PlannerSettings
+from .sql import analyze
+
+
+def plan_query(
+    sql: str,
+    source: ChunkSource,
+    *,
+    params: Mapping[str, object] | None = None,
+    time_start: int | None = None,
+    time_end: int | None = None,
+    settings: PlannerSettings | None = None,
+    now_ns: int | None = None,
+    optimize: bool = True,
+    stop_after: str | None = None,
+) -> QueryPlan:
+    """Plan `sql` over the chunks of `source`.
+
+    `time_start`/`time_end` are a half-open `[start, end)` range in ns applied to every scan (rows and pruning).
+    `now_ns` fixes `now()` (default: the wall clock, truncated to microseconds as Spark's timestamps are).
+    `optimize=False` returns the naive initial plan; `stop_after` names the last pass to run (for tests).
+    """
+    with _gc_paused():
+        return _plan(sql, source, params, time_start, time_end, settings or PlannerSettings(), now_ns, optimize,
+                     stop_after)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Planning allocates many small, short-lived objects next to many long-lived chunks: CPython's cyclic
+    collector would rescan the chunks again and again (it costs more than the planning itself at 100,000
+    chunks). Plans hold no cycles, so pausing it is safe."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _plan(sql: str, source: ChunkSource, params: Mapping[str, object] | None, time_start: int | None,
+          time_end: int | None, settings: PlannerSettings, now_ns: int | None, optimize: bool,
+          stop_after: str | None) -> QueryPlan:
+    timeutil.check_range(time_start, time_end)
+    now = timeutil.now_ns() if now_ns is None else now_ns
+    now -= now % 1_000
+    tables = source.tables()
+    query = analyze(sql, tables, params=params, now_ns=now)
+    range_conjuncts: list[Conjunct] = []
+    if time_start is not None:
+        range_conjuncts.append(Conjunct.of(exp.GTE(this=column("time"), expression=exp.Literal.number(time_start))))
+    if time_end is not None:
+        range_conjuncts.append(Conjunct.of(exp.LT(this=column("time"), expression=exp.Literal.number(time_end))))
+
+    trees: list[PlanNode] = []
+    scans: list[ScanInfo] = []
+    reports: list[ScanPruning] = []
+    notes: list[str] = []
+    by_id: dict[str, Chunk] = {}
+    for scan in query.scans:
+        schema = tables[scan.table]
+        lo = _max(scan.time_min, time_start)
+        hi = _min(scan.time_max, None if time_end is None else time_end - 1)
+        chunks, report = prune(scan, source.chunks(scan.table, lo, hi), lo, hi)
+        _check_unique_ids(chunks, by_id)
+        sort_keys = source.sort_keys(scan.table)
+        predicate = tuple(dict((c.sql, c) for c in (*scan.conjuncts, *range_conjuncts)).values())
+        tree = initial_plan(chunks, schema, sort_keys, scan.columns, predicate, settings)
+        if optimize:
+            ctx = PassContext(settings, schema, sort_keys, f"{scan.view} ({scan.table})")
+            tree = run_passes(tree, ctx, stop_after=stop_after)
+            notes.extend(ctx.notes)
+        trees.append(tree)
+        scans.append(ScanInfo(scan.view, scan.table, scan.alias, column_types(schema, tree.schema)))
+        reports.append(report)
+    return QueryPlan(
+        sql=sql, spark_sql=query.spark_sql, now=now, params=dict(query.params), time_range=(time_start, time_end),
+        settings=settings, scans=tuple(scans), time_columns=query.time_columns, pruning=tuple(reports),
+        notes=tuple(notes), children=tuple(trees),
+    )
+
+
+def _check_unique_ids(chunks: list[Chunk], seen: dict[str, Chunk]) -> None:
+    """The plan names chunks by id: two different chunks with one id would be one in the plan JSON."""
+    for chunk in chunks:
+        other = seen.setdefault(chunk.id, chunk)
+        if other is not chunk and other != chunk:
+            raise CatalogError(f"chunk id {chunk.id!r} names two different chunks (tables {other.table} and "
+                               f"{chunk.table}, partitions {other.partition} and {chunk.partition}); chunk ids "
+                               "must be unique in a database")
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _min(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def render(plan: QueryPlan, fmt: Literal["tree", "yaml", "json"] = "tree") -> str:
+    """The plan as EXPLAIN tree text, seed 000's YAML, or the plan JSON the Spark job executes."""
+    if fmt == "tree":
+        return render_tree(plan)
+    if fmt == "yaml":
+        return render_yaml(plan)
+    if fmt == "json":
+        return plan.to_json() + "\n"
+    raise ValueError(f"unknown plan format {fmt!r}; use tree, yaml or json")
+

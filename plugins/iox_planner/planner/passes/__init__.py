@@ -1,0 +1,1 @@
+"""The optimizer passes, one module each; their order is `optimizer.PASSES`."""

@@ -1,0 +1,88 @@
+"""Pruning before planning: drop the chunks a scan's conjuncts rule out by partition, time range or tag min/max.
+
+Only key columns prune (a conjunct on a key column is true or false for a whole group of duplicates alike);
+field values never prune a chunk, since a field's final value comes from the merge of several chunks.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import BadInputError
+from ..model import Chunk
+from ..timeutil import partition_bounds
+from .nodes import ScanPruning
+from .sql import ScanRequest, TagFilter
+
+
+def prune(scan: ScanRequest, chunks: Sequence[Chunk], time_min: int | None,
+          time_max: int | None) -> tuple[list[Chunk], ScanPruning]:
+    """The chunks of `scan` that may hold rows within the inclusive `[time_min, time_max]` and its tag filters."""
+    kept: list[Chunk] = []
+    by_partition = by_time = by_tag = 0
+    partition_ok: dict[str, bool] = {}
+    no_time = time_min is None and time_max is None
+    filters = scan.tag_filters
+    for chunk in chunks:
+        ok = partition_ok.get(chunk.partition)
+        if ok is None:
+            ok = partition_ok[chunk.partition] = _partition_may_match(chunk.partition, time_min, time_max)
+        if not ok:
+            by_partition += 1
+        elif not no_time and not _time_may_match(chunk, time_min, time_max):
+            by_time += 1
+        elif filters and not all(_tag_may_match(chunk, f) for f in filters):
+            by_tag += 1
+        else:
+            kept.append(chunk)
+    considered = {c.partition for c in chunks}
+    remaining = {c.partition for c in kept}
+    report = ScanPruning(
+        view=scan.view, table=scan.table,
+        partitions_considered=len(considered), partitions_pruned=len(considered - remaining),
+        chunks_considered=len(chunks), chunks_pruned=len(chunks) - len(kept),
+        pruned_by_partition=by_partition, pruned_by_time=by_time, pruned_by_tag=by_tag,
+        time_min=time_min, time_max=time_max,
+    )
+    return kept, report
+
+
+def _partition_may_match(partition: str, time_min: int | None, time_max: int | None) -> bool:
+    if time_min is None and time_max is None:
+        return True
+    try:
+        start, end = partition_bounds(partition)
+    except BadInputError:  # not a day partition: cannot tell
+        return True
+    return (time_max is None or start <= time_max) and (time_min is None or end >= time_min)
+
+
+def _time_may_match(chunk: Chunk, time_min: int | None, time_max: int | None) -> bool:
+    if time_min is not None and time_max is not None and time_min > time_max:
+        return False
+    if chunk.time_max is not None and time_min is not None and chunk.time_max < time_min:
+        return False
+    if chunk.time_min is not None and time_max is not None and chunk.time_min > time_max:
+        return False
+    return True
+
+
+def _tag_may_match(chunk: Chunk, f: TagFilter) -> bool:
+    if f.column not in chunk.columns:
+        return False  # the tag is NULL in every row, and NULL matches no comparison
+    bounds = chunk.tag_ranges.get(f.column)
+    if bounds is None:
+        return True
+    low, high = bounds
+    if f.op == "eq":
+        return low <= f.values[0] <= high
+    if f.op == "in":
+        return any(low <= v <= high for v in f.values)
+    value = f.values[0]
+    if f.op == "gt":
+        return high > value
+    if f.op == "gte":
+        return high >= value
+    if f.op == "lt":
+        return low < value
+    return low <= value  # lte

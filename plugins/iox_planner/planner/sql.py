@@ -1,0 +1,657 @@
+"""The SQL front end: from a Spark SQL query to one scan request per table reference, and the query Spark runs.
+
+The query must be one SELECT over catalog tables. Each table reference (a self-join has two) becomes a scan,
+replaced in the SQL by a view (`__iox_scan_<n>`, aliased as the reference was). A scan gets the columns its
+reference needs and the WHERE conjuncts that concern it alone; Spark evaluates the whole WHERE again on the
+views, so a conjunct pushed into a scan only has to keep every row Spark would keep. When unsure, nothing is
+pushed: correct first.
+
+In a scan, `time` is the stored int64 nanoseconds; on the view Spark sees a TIMESTAMP of `floor(time / 1000)`
+microseconds. A pushed comparison of `time` with a constant timestamp is rewritten over nanoseconds so that it
+keeps exactly the rows Spark keeps (`time > TIMESTAMP '...'` keeps a row 1 ns after the literal only if Spark
+does, which it does not: both see the same microsecond).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from typing import Literal, Mapping, Sequence
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.optimizer.qualify import qualify
+from sqlglot.optimizer.scope import Scope, build_scope, traverse_scope
+from sqlglot.schema import MappingSchema
+
+from ..errors import BadInputError, BadQueryError, UnsupportedError
+from ..model import TIME, ColumnType, TableSchema
+from .nodes import ParamValue
+from .predicate import SPARK, Conjunct, column, identifier, split_conjuncts, to_sql
+
+VIEW_PREFIX = "__iox_scan_"
+
+TagOp = Literal["eq", "in", "gt", "gte", "lt", "lte"]
+
+
+@dataclass(frozen=True)
+class TagFilter:
+    """A conjunct on a tag that tag min/max can prune by: `tag = 'x'`, `tag IN (...)`, `tag > 'x'` and the like."""
+
+    column: str
+    op: TagOp
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ScanRequest:
+    """What one table reference needs from its scan."""
+
+    view: str
+    table: str
+    alias: str
+    columns: tuple[str, ...]
+    """The columns the query reads from this reference, in `SELECT *` order (tags, fields, time)."""
+    conjuncts: tuple[Conjunct, ...]
+    """WHERE conjuncts over this reference alone, as Spark SQL over plain names, `time` in int64 ns."""
+    time_min: int | None
+    time_max: int | None
+    """Inclusive nanosecond bounds the conjuncts put on `time` (None: open)."""
+    tag_filters: tuple[TagFilter, ...]
+
+
+@dataclass(frozen=True)
+class AnalyzedQuery:
+    sql: str
+    spark_sql: str
+    params: Mapping[str, ParamValue]
+    scans: tuple[ScanRequest, ...]
+    output_columns: tuple[str, ...]
+    time_columns: tuple[str, ...]
+
+
+# Functions that reach outside the catalog (the JVM, files, the network, secrets), by name without underscores.
+_FORBIDDEN_FUNCTIONS = frozenset(
+    """reflect javamethod tryreflect readfiles inputfilename inputfileblockstart inputfileblocklength httprequest
+    secret trysecret readkafka readkinesis readpubsub readpulsar readstatestore readstatemetadata cloudfilesstate
+    listsecrets""".split()
+)
+_NOW_FUNCTIONS = frozenset({"now", "currenttimestamp", "localtimestamp", "getdate"})
+_NOW_CLASSES = (exp.CurrentTimestamp, exp.CurrentTimestampLTZ, exp.Localtimestamp, exp.CurrentDatetime,
+                exp.UtcTimestamp)
+
+_SPARK_TYPES = {
+    ColumnType.TAG: "STRING",
+    ColumnType.STRING: "STRING",
+    ColumnType.FLOAT: "DOUBLE",
+    ColumnType.INTEGER: "BIGINT",
+    ColumnType.UNSIGNED: "DECIMAL(20, 0)",
+    ColumnType.BOOLEAN: "BOOLEAN",
+    ColumnType.TIME: "TIMESTAMP",
+}
+
+# Expression nodes a pushed conjunct may hold (after `time` comparisons were rewritten): deterministic, row-local.
+_PUSHABLE = (
+    exp.Column, exp.Identifier, exp.Literal, exp.Boolean, exp.Null, exp.Paren, exp.And, exp.Or, exp.Not,
+    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.Is, exp.In,
+    exp.Between, exp.Like, exp.ILike, exp.Escape, exp.Neg, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod,
+    exp.Cast, exp.TryCast, exp.DataType, exp.DataTypeParam, exp.Lower, exp.Upper, exp.Coalesce, exp.Abs,
+    exp.Length,
+)
+_TIMESTAMP_TYPES = frozenset({exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ,
+                              exp.DataType.Type.TIMESTAMPLTZ, exp.DataType.Type.TIMESTAMPNTZ})
+_INTERVAL_US = {
+    "MICROSECOND": 1, "MILLISECOND": 1_000, "SECOND": 1_000_000, "MINUTE": 60_000_000, "HOUR": 3_600_000_000,
+    "DAY": 86_400_000_000, "WEEK": 7 * 86_400_000_000,
+}
+# Timestamp text Spark reads the same way we do (a strict subset of what it accepts; zone-less means UTC).
+_TS_TEXT = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})(?:[ T](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,6}))?)?(Z|[+-]\d{2}:\d{2})?)?"
+)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def analyze(sql: str, tables: Mapping[str, TableSchema], *, params: Mapping[str, object] | None = None,
+            now_ns: int) -> AnalyzedQuery:
+    """Check the query and derive, for each table reference, what its scan must produce."""
+    statement = _parse(sql)
+    _reject_outside(statement)
+    bound = _check_params(statement, params or {})
+    refs = _tag_table_references(statement, tables)
+    qualified = _qualify(statement, tables)
+    front = _Analysis(qualified, tables, refs, bound, now_ns)
+    scans = tuple(front.scan(i) for i in range(len(refs)))
+    output = front.output_columns()
+    spark_sql = _rewrite(statement, refs, scans, now_ns)
+    return AnalyzedQuery(sql, spark_sql, bound, scans, output, front.time_columns())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checks on the statement as written
+
+
+def _parse(sql: str) -> exp.Query:
+    try:
+        statements = [s for s in sqlglot.parse(sql, dialect=SPARK) if s is not None]
+    except sqlglot.errors.ParseError as err:
+        first = err.errors[0] if err.errors else {}
+        where = f" at line {first.get('line')}, column {first.get('col')}" if first.get("line") else ""
+        near = f" near {first.get('highlight')!r}" if first.get("highlight") else ""
+        why = first.get("description") or str(err)
+        raise BadQueryError(f"the SQL does not parse{where}{near}: {why}") from err
+    except sqlglot.errors.TokenError as err:
+        raise BadQueryError(f"the SQL does not parse: {err}") from err
+    if len(statements) != 1:
+        raise BadQueryError(f"expected exactly one SQL statement, got {len(statements)}; send one SELECT")
+    statement = statements[0]
+    if not isinstance(statement, exp.Query):
+        kind = type(statement).__name__.upper()
+        raise BadQueryError(f"only a SELECT query can run here, not a {kind} statement")
+    return statement
+
+
+def _reject_outside(statement: exp.Query) -> None:
+    """Only catalog tables and functions that stay inside the query: no JVM calls, files, paths or scripts."""
+    for node in statement.walk():
+        if isinstance(node, exp.Anonymous):
+            name = str(node.this)
+            if name.lower().replace("_", "") in _FORBIDDEN_FUNCTIONS:
+                raise UnsupportedError(f"function {name}() reaches outside the catalog and is not allowed; "
+                                       "queries may only read catalog tables")
+        elif isinstance(node, exp.QueryTransform):
+            raise UnsupportedError("SELECT TRANSFORM ... USING runs an external script and is not allowed")
+        elif isinstance(node, exp.Table):
+            if node.args.get("db") or node.args.get("catalog"):
+                raise UnsupportedError(
+                    f"table {node.sql(dialect=SPARK)!r} names a database, a file format or a path; "
+                    "only catalog tables are allowed, named without a prefix (e.g. FROM h2o)")
+            if not isinstance(node.this, exp.Identifier):
+                function = node.this
+                name = str(function.this) if isinstance(function, exp.Anonymous) else function.sql(dialect=SPARK)
+                raise UnsupportedError(f"table function {name}() is not allowed in FROM; only catalog tables are "
+                                       "allowed there")
+            if any(ch in node.name for ch in "/:\\"):
+                raise UnsupportedError(f"{node.name!r} looks like a path; only catalog tables are allowed in FROM")
+
+
+def _check_params(statement: exp.Query, params: Mapping[str, object]) -> dict[str, ParamValue]:
+    names: set[str] = set()
+    for ph in statement.find_all(exp.Placeholder):
+        if not ph.this:
+            raise BadInputError("positional parameters (?) are not supported; name them (:name) and pass "
+                                "--param name=value")
+        names.add(str(ph.this))
+    missing = sorted(names - set(params))
+    extra = sorted(set(params) - names)
+    if missing:
+        raise BadInputError(f"the query uses parameter(s) {', '.join(':' + n for n in missing)} but no value was "
+                            f"given; pass --param name=value for each")
+    if extra:
+        used = ", ".join(":" + n for n in sorted(names)) or "none"
+        raise BadInputError(f"parameter(s) {', '.join(extra)} were given but the query does not use them "
+                            f"(it uses: {used})")
+    bound: dict[str, ParamValue] = {}
+    for name in sorted(names):
+        value = params[name]
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise BadInputError(f"parameter {name} has a value of type {type(value).__name__}; parameters are "
+                                "strings, numbers, booleans or null")
+        bound[name] = value
+    return bound
+
+
+def _tag_table_references(statement: exp.Query, tables: Mapping[str, TableSchema]) -> list[exp.Table]:
+    """Mark every reference to a catalog table (not to a CTE) with its index; unknown tables are an error."""
+    probe = statement.copy()
+    for i, node in enumerate(probe.find_all(exp.Table)):
+        node.meta["iox_probe"] = i
+    try:
+        scopes = traverse_scope(probe)
+    except sqlglot.errors.SqlglotError as err:
+        raise BadQueryError(f"the query's structure cannot be analyzed: {err}") from err
+    catalog_refs: set[int] = set()
+    for scope in scopes:
+        for source in scope.sources.values():
+            if isinstance(source, exp.Table):
+                if source.name not in tables:
+                    known = ", ".join(sorted(tables)) or "none"
+                    raise BadQueryError(f"unknown table {source.name!r}; known tables: {known} "
+                                        "(names are case-sensitive)")
+                catalog_refs.add(int(source.meta["iox_probe"]))
+    refs: list[exp.Table] = []
+    for i, node in enumerate(statement.find_all(exp.Table)):
+        if i in catalog_refs:
+            node.meta["iox_ref"] = len(refs)
+            refs.append(node)
+    return refs
+
+
+def _qualify(statement: exp.Query, tables: Mapping[str, TableSchema]) -> exp.Query:
+    mapping: dict[str, object] = {name: {c: _SPARK_TYPES[schema.columns.get(c, ColumnType.TIME)] for c in schema.star_columns}
+               for name, schema in tables.items()}
+    schema = MappingSchema(mapping, dialect=SPARK, normalize=False)
+    try:
+        return qualify(statement.copy(), dialect=SPARK, schema=schema, quote_identifiers=False, identify=False)
+    except sqlglot.errors.OptimizeError as err:
+        text = str(err)
+        match = re.search(r"Column '([^']*)' could not be resolved", text)
+        used = sorted({t.name for t in statement.find_all(exp.Table) if t.name in tables})
+        known = "; ".join(f"{t}: {', '.join(tables[t].star_columns)}" for t in used)
+        if match:
+            raise BadQueryError(f"unknown column {match.group(1)!r} ({text}); known columns: {known} "
+                                "(names are case-sensitive)") from err
+        raise BadQueryError(f"the query's columns cannot be resolved: {text}; known columns: {known}") from err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What each reference needs
+
+
+class _Analysis:
+    def __init__(self, qualified: exp.Query, tables: Mapping[str, TableSchema], refs: Sequence[exp.Table],
+                 params: Mapping[str, ParamValue], now_ns: int) -> None:
+        self.qualified = qualified
+        self.tables = tables
+        self.params = params
+        self.now_us = now_ns // 1_000
+        self.count = len(refs)
+        self.table_of = [r.name for r in refs]
+        self.alias_of = [r.alias_or_name for r in refs]
+        self.q_alias: dict[int, str] = {}
+        self.columns: dict[int, set[str]] = {i: set() for i in range(self.count)}
+        self.conjuncts: dict[int, list[exp.Expr]] = {i: [] for i in range(self.count)}
+        self.scopes = traverse_scope(qualified)
+        self.root: Scope | None = build_scope(qualified)
+        for scope in self.scopes:
+            for alias, source in scope.sources.items():
+                if isinstance(source, exp.Table) and "iox_ref" in source.meta:
+                    self.q_alias[int(source.meta["iox_ref"])] = alias
+        self._collect_columns()
+        for scope in self.scopes:
+            self._collect_conjuncts(scope)
+
+    def _refs_with_alias(self, alias: str) -> list[int]:
+        return [i for i, a in self.q_alias.items() if a == alias]
+
+    def _collect_columns(self) -> None:
+        # Each column counts for the reference its scope (or an enclosing one, for a correlated column) resolves
+        # its qualifier to.
+        resolved: set[int] = set()
+        for scope in self.scopes:
+            for col in scope.columns:
+                owner: Scope | None = scope
+                while owner is not None and col.table not in owner.sources:
+                    owner = owner.parent
+                if not col.table or owner is None:
+                    continue
+                resolved.add(id(col))
+                source = owner.sources[col.table]
+                if isinstance(source, exp.Table) and "iox_ref" in source.meta:
+                    i = int(source.meta["iox_ref"])
+                    if col.name in self.tables[self.table_of[i]].columns:
+                        self.columns[i].add(col.name)
+        # Safety net for a column no scope accounts for: it counts for every reference of its qualifier (at
+        # worst a column read for nothing).
+        for col in self.qualified.find_all(exp.Column):
+            if not col.table or id(col) in resolved:
+                continue
+            for i in self._refs_with_alias(col.table):
+                if col.name in self.tables[self.table_of[i]].columns:
+                    self.columns[i].add(col.name)
+        # A star qualify could not expand (anything but count(*)) reads every column of every reference.
+        for star in self.qualified.find_all(exp.Star):
+            if not isinstance(star.parent, exp.Count):
+                for i in range(self.count):
+                    self.columns[i].update(self.tables[self.table_of[i]].columns)
+        for i in range(self.count):
+            if i not in self.q_alias:  # not found in any scope: read everything, push nothing
+                self.columns[i].update(self.tables[self.table_of[i]].columns)
+
+    def _collect_conjuncts(self, scope: Scope) -> None:
+        select = scope.expression
+        if not isinstance(select, exp.Select) or not select.args.get("where"):
+            return
+        from_ = select.args.get("from_") or select.args.get("from")
+        if not isinstance(from_, exp.From) or select.args.get("pivots") or from_.this.args.get("pivots"):
+            return
+        joins = select.args.get("joins") or []
+        sources = [from_.this] + [j.this for j in joins]
+        unsafe: set[int] = set()
+        for pos, join in enumerate(joins, start=1):
+            side = (join.side or "").upper()
+            kind = (join.kind or "").upper()
+            if kind not in ("", "INNER", "CROSS", "OUTER") or join.args.get("method"):
+                unsafe.update(range(len(sources)))  # semi, anti, natural, ...: push nothing here
+            elif side == "LEFT":
+                unsafe.add(pos)
+            elif side == "RIGHT":
+                unsafe.update(range(pos))
+            elif side == "FULL":
+                unsafe.update(range(pos + 1))
+            elif side:
+                unsafe.update(range(len(sources)))
+        for conjunct in split_conjuncts(select.args["where"].this):
+            aliases = {c.table for c in conjunct.find_all(exp.Column)}
+            if len(aliases) != 1:
+                continue
+            source = scope.sources.get(aliases.pop())
+            if not isinstance(source, exp.Table) or "iox_ref" not in source.meta:
+                continue
+            position = next((p for p, s in enumerate(sources) if s is source), None)
+            if position is None or position in unsafe:
+                continue
+            self.conjuncts[int(source.meta["iox_ref"])].append(conjunct)
+
+    def scan(self, i: int) -> ScanRequest:
+        schema = self.tables[self.table_of[i]]
+        needed = tuple(c for c in schema.star_columns if c in self.columns[i]) or (TIME,)
+        pushed: list[Conjunct] = []
+        time_min: int | None = None
+        time_max: int | None = None
+        tag_filters: list[TagFilter] = []
+        for conjunct in self.conjuncts[i]:
+            translated = _Pushdown(schema, self.params, self.now_us).translate(conjunct)
+            if translated is None:
+                continue
+            for part in split_conjuncts(translated):
+                pushed.append(Conjunct.of(part))
+                lo, hi = _time_bounds(part)
+                if lo is not None:
+                    time_min = lo if time_min is None else max(time_min, lo)
+                if hi is not None:
+                    time_max = hi if time_max is None else min(time_max, hi)
+                tag = _tag_filter(part, schema)
+                if tag is not None:
+                    tag_filters.append(tag)
+        unique = tuple(dict((c.sql, c) for c in pushed).values())
+        return ScanRequest(f"{VIEW_PREFIX}{i}", self.table_of[i], self.alias_of[i], needed, unique,
+                           time_min, time_max, tuple(tag_filters))
+
+    def output_columns(self) -> tuple[str, ...]:
+        names = list(self.qualified.named_selects)
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise BadQueryError(f"the result has two columns named {name!r}; give one of them an alias "
+                                    f"(... AS {name}_2)")
+            seen.add(name)
+        return tuple(names)
+
+    def time_columns(self) -> tuple[str, ...]:
+        """Result columns that are a table's `time` passed through unchanged, row for row."""
+        if self.root is None or not isinstance(self.qualified, exp.Select):
+            return ()
+        out = []
+        for projection in self.qualified.selects:
+            inner = projection.unalias()
+            if isinstance(inner, exp.Column) and self._is_stored_time(inner, self.root):
+                out.append(projection.alias_or_name)
+        return tuple(out)
+
+    def _is_stored_time(self, col: exp.Column, scope: Scope) -> bool:
+        select = scope.expression
+        if not isinstance(select, exp.Select) or select.args.get("group") or select.args.get("distinct"):
+            return False
+        if any(select.find_all(exp.AggFunc, exp.Window)):
+            return False
+        source = scope.sources.get(col.table)
+        if isinstance(source, exp.Table):
+            if "iox_ref" not in source.meta:
+                return False
+            schema = self.tables[self.table_of[int(source.meta["iox_ref"])]]
+            return col.name == TIME and schema.columns.get(TIME, ColumnType.TIME) is ColumnType.TIME
+        if isinstance(source, Scope) and isinstance(source.expression, exp.Select):
+            for projection in source.expression.selects:
+                if projection.alias_or_name == col.name:
+                    inner = projection.unalias()
+                    return isinstance(inner, exp.Column) and self._is_stored_time(inner, source)
+        return False
+
+
+class _Pushdown:
+    """Turns one WHERE conjunct into what a scan evaluates, or None when it cannot be pushed safely."""
+
+    def __init__(self, schema: TableSchema, params: Mapping[str, ParamValue], now_us: int) -> None:
+        self.schema = schema
+        self.params = params
+        self.now_us = now_us
+
+    def translate(self, conjunct: exp.Expr) -> exp.Expr | None:
+        if not any(True for _ in conjunct.find_all(exp.Column)):
+            return None
+        holder = exp.Paren(this=conjunct.copy())  # so the conjunct itself can be replaced
+        for col in list(holder.find_all(exp.Column)):
+            if col.name == TIME and not self._rewrite_time(col):
+                return None
+        for ph in list(holder.find_all(exp.Placeholder)):
+            ph.replace(_literal(self.params[str(ph.this)]))
+        for col in list(holder.find_all(exp.Column)):
+            col.replace(column(col.name))
+        tree: exp.Expr = holder.this
+        if not all(isinstance(node, _PUSHABLE) for node in tree.walk()):
+            return None
+        for node in tree.find_all(exp.In):
+            if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
+                return None
+        return tree
+
+    def _rewrite_time(self, col: exp.Column) -> bool:
+        """Replace the comparison around a `time` column by its nanosecond form; False if it has none."""
+        parent = col.parent
+        if isinstance(parent, exp.Is):
+            return True
+        if isinstance(parent, exp.Between) and parent.this is col:
+            low, high = self._timestamp_us(parent.args["low"]), self._timestamp_us(parent.args["high"])
+            if low is None or high is None:
+                return False
+            parent.replace(_between(low * 1000, (high + 1) * 1000 - 1))
+            return True
+        ops: dict[type, str] = {exp.EQ: "=", exp.NullSafeEQ: "=", exp.NEQ: "<>", exp.GT: ">",
+                                                exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
+        if type(parent) not in ops:
+            return False
+        assert isinstance(parent, exp.Binary)
+        op = ops[type(parent)]
+        if parent.this is col:
+            other = parent.expression
+        else:
+            other = parent.this
+            op = {">": "<", ">=": "<=", "<": ">", "<=": ">="}.get(op, op)
+        if isinstance(other, exp.Column):
+            return False
+        us = self._timestamp_us(other)
+        if us is None:
+            return False
+        # Spark keeps a row when floor(time / 1000) <op> us; say the same over nanoseconds.
+        lo, hi = us * 1000, us * 1000 + 999
+        replacement: exp.Expr
+        if op == ">=":
+            replacement = exp.GTE(this=column(TIME), expression=exp.Literal.number(lo))
+        elif op == ">":
+            replacement = exp.GTE(this=column(TIME), expression=exp.Literal.number(hi + 1))
+        elif op == "<":
+            replacement = exp.LT(this=column(TIME), expression=exp.Literal.number(lo))
+        elif op == "<=":
+            replacement = exp.LTE(this=column(TIME), expression=exp.Literal.number(hi))
+        elif op == "=":
+            replacement = _between(lo, hi)
+        else:
+            replacement = exp.Not(this=_between(lo, hi))
+        parent.replace(replacement)
+        return True
+
+    def _timestamp_us(self, node: exp.Expr) -> int | None:
+        """The microseconds since the epoch of a constant timestamp expression Spark would compute, else None."""
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, (exp.Cast, exp.TryCast)) and isinstance(node.this, exp.Literal) and node.this.is_string:
+            target = node.to.this
+            if target in _TIMESTAMP_TYPES:
+                return _parse_timestamp_us(node.this.this)
+            if target is exp.DataType.Type.DATE:
+                return _parse_date_us(node.this.this)
+            return None
+        if isinstance(node, exp.Literal) and node.is_string:
+            return _parse_timestamp_us(node.this)
+        if isinstance(node, exp.Placeholder):
+            value = self.params.get(str(node.this))
+            return _parse_timestamp_us(value) if isinstance(value, str) else None
+        if _is_now(node):
+            return self.now_us
+        if isinstance(node, exp.CurrentDate) and not node.args.get("this"):
+            return self.now_us - self.now_us % 86_400_000_000
+        if isinstance(node, (exp.Add, exp.Sub)):
+            base, step = node.this, node.expression
+            if isinstance(node, exp.Add) and isinstance(base, exp.Interval):
+                base, step = step, base
+            start = self._timestamp_us(base)
+            delta = _interval_us(step)
+            if start is None or delta is None:
+                return None
+            return start + delta if isinstance(node, exp.Add) else start - delta
+        return None
+
+
+def _is_now(node: exp.Expr) -> bool:
+    """`now()`, `current_timestamp()` and their kin: the planning time."""
+    if isinstance(node, exp.Anonymous):
+        return str(node.this).lower().replace("_", "") in _NOW_FUNCTIONS and not node.expressions
+    return isinstance(node, _NOW_CLASSES)
+
+
+def _between(lo: int, hi: int) -> exp.Between:
+    return exp.Between(this=column(TIME), low=exp.Literal.number(lo), high=exp.Literal.number(hi))
+
+
+def _literal(value: ParamValue) -> exp.Expr:
+    if value is None:
+        return exp.Null()
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, int):
+        return exp.Literal.number(value)
+    if isinstance(value, float):
+        return exp.Cast(this=exp.Literal.string(repr(value)), to=exp.DataType.build("DOUBLE"))
+    return exp.Literal.string(value)
+
+
+def _parse_timestamp_us(text: str) -> int | None:
+    match = _TS_TEXT.fullmatch(text.strip())
+    if not match:
+        return None
+    y, mo, d, h, mi, s, frac, zone = match.groups()
+    try:
+        stamp = dt.datetime(int(y), int(mo), int(d), int(h or 0), int(mi or 0), int(s or 0),
+                            tzinfo=dt.timezone.utc)
+    except ValueError:
+        return None
+    offset = 0
+    if zone and zone != "Z":
+        sign = -1 if zone[0] == "-" else 1
+        offset = sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
+    seconds = (stamp - _EPOCH) // dt.timedelta(seconds=1) - offset
+    return seconds * 1_000_000 + int((frac or "").ljust(6, "0") or 0)
+
+
+def _parse_date_us(text: str) -> int | None:
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text.strip()):
+        return None
+    return _parse_timestamp_us(text)
+
+
+def _interval_us(node: exp.Expr) -> int | None:
+    if not isinstance(node, exp.Interval) or not isinstance(node.this, exp.Literal):
+        return None
+    unit = node.args.get("unit")
+    name = unit.name.upper().rstrip("S") if unit is not None else ""
+    if name not in _INTERVAL_US or not re.fullmatch(r"-?\d+", str(node.this.this).strip()):
+        return None
+    return int(str(node.this.this).strip()) * _INTERVAL_US[name]
+
+
+def _time_bounds(part: exp.Expr) -> tuple[int | None, int | None]:
+    """Inclusive ns bounds a pushed (translated) conjunct puts on `time`."""
+    if isinstance(part, exp.Between) and _is_time(part.this):
+        return _int(part.args["low"]), _int(part.args["high"])
+    if isinstance(part, (exp.GTE, exp.GT, exp.LT, exp.LTE)) and _is_time(part.this):
+        value = _int(part.expression)
+        if value is None:
+            return None, None
+        if isinstance(part, exp.GTE):
+            return value, None
+        if isinstance(part, exp.GT):
+            return value + 1, None
+        if isinstance(part, exp.LTE):
+            return None, value
+        return None, value - 1
+    return None, None
+
+
+def _is_time(node: exp.Expr) -> bool:
+    return isinstance(node, exp.Column) and node.name == TIME
+
+
+def _int(node: exp.Expr) -> int | None:
+    if isinstance(node, exp.Literal) and not node.is_string and re.fullmatch(r"-?\d+", str(node.this)):
+        return int(str(node.this))
+    if isinstance(node, exp.Neg):
+        inner = _int(node.this)
+        return None if inner is None else -inner
+    return None
+
+
+def _tag_filter(part: exp.Expr, schema: TableSchema) -> TagFilter | None:
+    """The tag min/max pruning a pushed conjunct allows, if it is `tag <op> 'text'` or `tag IN ('a', ...)`."""
+    def tag_name(node: exp.Expr) -> str | None:
+        if isinstance(node, exp.Column) and schema.columns.get(node.name) is ColumnType.TAG:
+            return node.name
+        return None
+
+    def text(node: exp.Expr) -> str | None:
+        return str(node.this) if isinstance(node, exp.Literal) and node.is_string else None
+
+    if isinstance(part, exp.In) and tag_name(part.this) and not part.args.get("query"):
+        values = [text(v) for v in part.expressions]
+        if values and all(v is not None for v in values):
+            return TagFilter(str(tag_name(part.this)), "in", tuple(v for v in values if v is not None))
+        return None
+    ops: dict[type, tuple[TagOp, TagOp]] = {
+        exp.EQ: ("eq", "eq"), exp.GT: ("gt", "lt"), exp.GTE: ("gte", "lte"), exp.LT: ("lt", "gt"),
+        exp.LTE: ("lte", "gte")}
+    if type(part) in ops:
+        assert isinstance(part, exp.Binary)
+        forward, mirrored = ops[type(part)]
+        name, value = tag_name(part.this), text(part.expression)
+        if name and value is not None:
+            return TagFilter(name, forward, (value,))
+        name, value = tag_name(part.expression), text(part.this)
+        if name and value is not None:
+            return TagFilter(name, mirrored, (value,))
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The query Spark runs
+
+
+def _rewrite(statement: exp.Query, refs: Sequence[exp.Table], scans: Sequence[ScanRequest], now_ns: int) -> str:
+    """Each table reference becomes its view (keeping its alias), and `now()` becomes the planning time."""
+    tree = statement.copy()
+    by_index = {int(t.meta["iox_ref"]): t for t in tree.find_all(exp.Table) if "iox_ref" in t.meta}
+    for i, scan in enumerate(scans):
+        original = by_index[i]
+        view = exp.Table(this=identifier(scan.view), alias=exp.TableAlias(this=identifier(scan.alias)))
+        for key in ("joins", "laterals", "pivots", "hints", "sample", "version", "when"):
+            if original.args.get(key):
+                view.set(key, original.args[key])
+        original.replace(view)
+    now_us = now_ns // 1_000
+    for node in list(tree.walk()):
+        if _is_now(node):
+            node.replace(exp.Anonymous(this="TIMESTAMP_MICROS", expressions=[exp.Literal.number(now_us)]))
+        elif isinstance(node, exp.CurrentDate) and not node.args.get("this"):
+            node.replace(exp.Anonymous(this="DATE_FROM_UNIX_DATE",
+                                       expressions=[exp.Literal.number(now_us // 86_400_000_000)]))
+    return to_sql(tree)
+
