@@ -13,11 +13,15 @@ with its bound parameters.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import sys
 import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -107,6 +111,8 @@ def session_conf(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 def build_session(master: str | None = None, app: str = "iox-batch",
                   conf: Mapping[str, str] | None = None) -> SparkSession:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers must run this interpreter: it has pyarrow and the iox-batch packages.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app).master(master or os.environ.get("IOX_SPARK_MASTER") or "local[*]")
     for key, value in session_conf(conf).items():
         builder = builder.config(key, value)
@@ -144,27 +150,58 @@ class Execution:
 # --- scan trees ----------------------------------------------------------------------------------------------------
 
 
+class Strategy(str, Enum):
+    """How DeduplicateExec runs on Spark (results never depend on it; `benchmarks/bench_spark.py` compares them).
+
+    ARROW: every dedup group of a union merged inside Python workers (`mapInArrow`), one task per group reading
+    its files with pyarrow and merging them vectorized: no shuffle. SHARED: one `groupBy` over the union of all
+    dedup inputs (the planner splits dedups only where keys cannot collide). NODE: one `groupBy` per
+    DeduplicateExec, the literal translation of the plan.
+    """
+
+    ARROW = "arrow"
+    SHARED = "shared"
+    NODE = "node"
+
+
+DEFAULT_STRATEGY = Strategy.ARROW
+
+
+def _dedup_chain(node: PlanNode) -> tuple[list[PlanNode], DeduplicateExec] | None:
+    """A DeduplicateExec under a chain of projections and filters: (the chain, top first; the dedup)."""
+    chain: list[PlanNode] = []
+    while isinstance(node, (ProjectionExec, FilterExec)):
+        chain.append(node)
+        node = node.child
+    if isinstance(node, DeduplicateExec):
+        return chain, node
+    return None
+
+
+def _signature(chain: Sequence[PlanNode]) -> tuple[object, ...]:
+    return tuple((n.columns if isinstance(n, ProjectionExec) else n.predicate) for n in chain)  # type: ignore[attr-defined]
+
+
 class ScanBuilder:
     """Turns one scan tree into a DataFrame of its output columns (time as int64 ns)."""
 
     def __init__(self, spark: SparkSession, warehouse: Path, columns: Mapping[str, ColumnType],
-                 strategy: str = "split", analyze: bool = False) -> None:
+                 strategy: Strategy | str = DEFAULT_STRATEGY, analyze: bool = False) -> None:
         self.spark = spark
         self.warehouse = warehouse
         self.columns = dict(columns)
-        self.strategy = strategy
+        self.strategy = Strategy(strategy)
         self.analyze = analyze
         self.metrics: dict[int, NodeMetrics] = {}
 
     def schema_for(self, names: Iterable[str]) -> T.StructType:
         # A column no scanned chunk has is NULL throughout; its type cannot matter beyond being nullable.
         return T.StructType([
-            T.StructField(n, SPARK_TYPES[self.columns.get(n, ColumnType.STRING)], n != TIME) for n in names
+            T.StructField(n, SPARK_TYPES[self.columns.get(n, ColumnType.STRING)] if n != CHUNK_ORDER
+                          else T.LongType(), n != TIME) for n in names
         ])
 
     def build(self, node: PlanNode) -> DataFrame:
-        if self.strategy == "split" and isinstance(node, UnionExec):
-            return self._union_with_shared_dedup(node)
         df = self._build(node)
         self._measure(node, df)
         return df
@@ -189,47 +226,91 @@ class ScanBuilder:
         if isinstance(node, FilterExec):
             return self.build(node.child).where(predicate_sql(node.predicate))
         if isinstance(node, (SortExec, SortPreservingMergeExec)):
-            # A cost model on Spark: the aggregation below does not depend on input order.
+            # A cost model on Spark: no dedup strategy here depends on input order.
             return self.build(node.child)
         if isinstance(node, DeduplicateExec):
-            child = self.build(node.child)
-            result = deduplicate(child, [s.column for s in node.sort_key])
-            if self.analyze:
-                self._measure(node, result, rows_in=child)
-            return result
+            return self._dedups([node])
         if isinstance(node, UnionExec):
-            parts = [self.build(c) for c in node.inputs]
-            return _union_all(parts)
+            return self._union(node)
         if isinstance(node, ParquetExec):
             return self.read(node.files(), node.projection, predicate_sql(node.predicate) if node.predicate else None)
         if isinstance(node, RecordBatchesExec):
             return self.read(list(node.chunks), node.projection, None)
         if isinstance(node, EmptyExec):
-            return self.spark.createDataFrame([], self.schema_for([c for c in node.columns if c != CHUNK_ORDER])
-                                              ).withColumn(CHUNK_ORDER, F.lit(None).cast("long")).select(
-                *[_q(c) for c in node.columns])
+            return self.spark.createDataFrame([], self.schema_for(node.columns))
         raise CatalogError(f"the Spark runner does not know plan node {node.name}")
 
-    def _union_with_shared_dedup(self, node: UnionExec) -> DataFrame:
-        """A union of dedups and plain scans: one aggregation over all dedup inputs, plain scans as they are."""
-        dedups = [c for c in node.inputs if isinstance(c, DeduplicateExec)]
-        if len(dedups) < 2:
-            df = _union_all([self.build(c) for c in node.inputs])
-            self._measure(node, df)
-            return df
+    def _union(self, node: UnionExec) -> DataFrame:
+        """Plain inputs as they are; inputs that are a dedup (under projections and filters) are evaluated
+        together, one shared step per shape of the chain above them."""
+        if self.strategy is Strategy.NODE:
+            return _union_all([self.build(c) for c in node.inputs])
+        plain: list[DataFrame] = []
+        shapes: dict[tuple[object, ...], list[tuple[list[PlanNode], DeduplicateExec]]] = {}
+        for child in node.inputs:
+            found = _dedup_chain(child)
+            if found is None:
+                plain.append(self.build(child))
+            else:
+                shapes.setdefault(_signature(found[0]), []).append(found)
+        parts = []
+        for members in shapes.values():
+            df = self._dedups([dedup for _, dedup in members])
+            for wrapper in reversed(members[0][0]):
+                if isinstance(wrapper, ProjectionExec):
+                    df = df.select(*[F.col(_q(c)) for c in wrapper.columns])
+                elif isinstance(wrapper, FilterExec):
+                    df = df.where(predicate_sql(wrapper.predicate))
+            parts.append(df)
+        return _union_all([*parts, *plain])
+
+    def _dedups(self, dedups: Sequence[DeduplicateExec]) -> DataFrame:
+        """Several DeduplicateExec of one schema, evaluated as one step. Their keys never collide across them
+        (the planner splits only by partition and by non-overlapping time), so one merge gives the same rows."""
         keys: list[str] = []
         for d in dedups:
             keys.extend(s.column for s in d.sort_key if s.column not in keys)
-        inputs = [self.build(d.child) for d in dedups]
-        merged_input = _union_all(inputs)
-        merged = deduplicate(merged_input, keys)
+        schema = dedups[0].schema
+        if self.strategy is Strategy.ARROW:
+            result = self._arrow_dedup(dedups, keys)
+            if self.analyze:
+                rows_in = _union_all([self.build(d.child) for d in dedups])
+                self._measure(dedups[0], result, rows_in=rows_in)
+            return result
+        merged_input = _union_all([self.build(d.child) for d in dedups])
+        result = deduplicate(merged_input, keys).select(*[_q(c) for c in schema])
         if self.analyze:
-            # Shared aggregation: report it on the first dedup, the others point to it.
-            self._measure(dedups[0], merged, rows_in=merged_input)
-        others = [self.build(c) for c in node.inputs if not isinstance(c, DeduplicateExec)]
-        df = _union_all([merged.select(*[_q(c) for c in node.schema]), *others])
-        self._measure(node, df)
-        return df
+            self._measure(dedups[0], result, rows_in=merged_input)
+        return result
+
+    def _arrow_dedup(self, dedups: Sequence[DeduplicateExec], keys: Sequence[str]) -> DataFrame:
+        """One Spark task per dedup group: read its files with pyarrow, merge vectorized, emit Arrow batches."""
+        schema = dedups[0].schema
+        specs = []
+        after: list[str] = []
+        for d in dedups:
+            chunks, predicates = _group_inputs(d.child)
+            for chunk in chunks:
+                if chunk.path is None:
+                    raise CatalogError(f"chunk {chunk.id} has no file (metadata only); it cannot be read")
+                check_file(self.warehouse / chunk.path, chunk.id)
+            specs.append(json.dumps({
+                "files": [[str(self.warehouse / c.path), c.order, c.kind is ChunkKind.INGESTER] for c in chunks
+                          if c.path is not None],
+                "bounds": _time_bounds(predicates),
+            }))
+            # Below a dedup only key columns are filtered, and such a filter commutes with the dedup: apply the
+            # filters after the merge (the workers only use their time bounds to skip rows early).
+            after.extend(p for p in predicates if p not in after)
+        out_schema = self.schema_for(schema)
+        types = {n: self.columns.get(n, ColumnType.STRING) for n in schema if n != CHUNK_ORDER}
+        merge = _arrow_merger(list(schema), list(keys), {n: t.value for n, t in types.items()})
+        groups = self.spark.sparkContext.parallelize(list(enumerate(specs)), max(1, len(specs)))
+        frame = self.spark.createDataFrame(groups, "gid INT, spec STRING")
+        result = frame.mapInArrow(merge, out_schema)
+        for predicate in after:
+            result = result.where(predicate)
+        return result
 
     def read(self, chunks: Sequence[Chunk], projection: Sequence[str], predicate: str | None) -> DataFrame:
         """Read chunk files with the table's types; columns a file lacks come out NULL."""
@@ -272,6 +353,58 @@ def check_file(path: Path, chunk_id: str) -> None:
         tail = fh.read(4)
     if head != b"PAR1" or tail != b"PAR1":
         raise CatalogError(f"chunk {chunk_id}: its file {path} is corrupt (no Parquet magic bytes)")
+
+
+def _group_inputs(node: PlanNode) -> tuple[list[Chunk], list[str]]:
+    """The chunks under a dedup and the (key-only) predicates applied to them on the way."""
+    chunks: list[Chunk] = []
+    predicates: list[str] = []
+    for below in node.walk():
+        if isinstance(below, FilterExec):
+            predicates.append(predicate_sql(below.predicate))
+        elif isinstance(below, ParquetExec):
+            chunks.extend(below.files())
+            if below.predicate:
+                predicates.append(predicate_sql(below.predicate))
+        elif isinstance(below, RecordBatchesExec):
+            chunks.extend(below.chunks)
+        elif isinstance(below, (DeduplicateExec, EmptyExec)):
+            raise CatalogError(f"the Spark runner cannot merge a {below.name} below a DeduplicateExec")
+    return chunks, predicates
+
+
+_TIME_BOUND = re.compile(r"^\(?time (>=|>|<=|<|=) (-?\d+)\)?$")
+
+
+def _time_bounds(predicates: Sequence[str]) -> list[int | None]:
+    """Inclusive [lo, hi] on time that the AND-conjuncts imply, from the simple ones only."""
+    lo: int | None = None
+    hi: int | None = None
+    for predicate in predicates:
+        for conjunct in predicate.split(" AND "):
+            match = _TIME_BOUND.match(conjunct.strip())
+            if not match:
+                continue
+            op, value = match[1], int(match[2])
+            if op in (">=", ">", "="):
+                bound = value + 1 if op == ">" else value
+                lo = bound if lo is None else max(lo, bound)
+            if op in ("<=", "<", "="):
+                bound = value - 1 if op == "<" else value
+                hi = bound if hi is None else min(hi, bound)
+    return [lo, hi]
+
+
+def _arrow_merger(schema: list[str], keys: list[str], types: dict[str, str]) -> Any:
+    """The function Spark runs in its Python workers for each batch of group specs (it must be picklable: it
+    closes over plain lists and dicts only)."""
+
+    def merge(batches: Iterator[Any]) -> Iterator[Any]:
+        from spark_jobs.arrow_merge import merge_groups
+
+        yield from merge_groups(batches, schema, keys, types)
+
+    return merge
 
 
 def _chunk_order(chunks: Sequence[Chunk], ingester: bool) -> Column:
@@ -327,9 +460,10 @@ def to_view(df: DataFrame) -> DataFrame:
     return df.select(*cols, F.timestamp_micros(micros).alias(TIME), F.col(TIME).alias(TIME_NS))
 
 
-def execute(spark: SparkSession, plan: QueryPlan, warehouse: Path, *, strategy: str = "split",
+def execute(spark: SparkSession, plan: QueryPlan, warehouse: Path, *, strategy: Strategy | str | None = None,
             analyze: bool = False) -> Execution:
     """Register one view per scan tree and run the query's SQL over them."""
+    strategy = Strategy(strategy or os.environ.get("IOX_DEDUP_STRATEGY") or DEFAULT_STRATEGY)
     scans = []
     metrics: dict[int, NodeMetrics] = {}
     for scan, tree in zip(plan.scans, plan.children):

@@ -4,8 +4,6 @@ and their own warehouse."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -69,6 +67,14 @@ def db(catalog: Catalog) -> str:
     return f"t_{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture(scope="session")
+def spark(catalog_url: str) -> Iterator[object]:
+    """One local SparkSession for the whole run (JVM start-up costs about 10 s), the CLI's own."""
+    from iox_planner import runner
+
+    yield runner.session()
+
+
 @pytest.fixture
 def empty_catalog() -> Iterator[str]:
     """A brand-new, unmigrated catalog database."""
@@ -77,8 +83,4 @@ def empty_catalog() -> Iterator[str]:
     _drop_database(name)
 
 
-def run_cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the installed `iox-batch` as a user would."""
-    exe = Path(sys.executable).parent / "iox-batch"
-    return subprocess.run([str(exe), *args], input=stdin, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
+from helpers import run_cli  # noqa: E402,F401  (kept importable from conftest)

@@ -4,6 +4,8 @@ test's own summaries)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +49,11 @@ def catalog_counts(catalog: Catalog) -> dict[str, int]:
 
 def env_without(*keys: str) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in keys}
+
+
+def run_cli(*args: str, stdin: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the installed `iox-batch` as a user would."""
+    exe = Path(sys.executable).parent / "iox-batch"
+    return subprocess.run([str(exe), *args], input=stdin, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from helpers import run_cli
 from helpers import catalog_counts, warehouse_files
 from iox_planner.catalog import Catalog
 

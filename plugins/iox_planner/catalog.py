@@ -371,7 +371,7 @@ class Catalog:
                 # Chunks lie inside one day, so this bound keeps the scan on the (table_id, min_time) index tight.
                 query = query.where(ct.c.max_time >= time_min, ct.c.min_time > time_min - NS_PER_DAY)
             parquet = kind is ChunkKind.PARQUET
-            for r in conn.execute(query).tuples():
+            for r in conn.execute(query):
                 out.append(ChunkRow(
                     kind, r[0], r[1], r[3], r[2], r[5], r[4], r[6], r[7], r[8], r[9], r[10], r[11],
                     tuple(r[12]), {k: (v[0], v[1]) for k, v in r[13].items()} if r[13] else {}, r[14],

@@ -22,7 +22,7 @@ from .config import warehouse as default_warehouse
 from .errors import BadInputError, CatalogError
 from .lineprotocol import LineError, Point, Precision, parse
 from .model import LOCAL_STORE, TIME, ChunkKind, ColumnType
-from .timeutil import now_ns, partition_of
+from .timeutil import NS_PER_DAY, now_ns, partition_of
 
 DEFAULT_GRACE_SECONDS = 3600.0
 
@@ -150,38 +150,97 @@ def write_points(
 
     written: list[WrittenChunk] = []
     for (table_name, partition_key), group in sorted(groups.items()):
-        table_id = catalog.ensure_table(conn, db_id, table_name)
-        wanted = storage.chunk_columns(group)
-        current = catalog.add_columns(conn, table_id, wanted)
-        # A concurrent writer may have added a name with another type between our check and our insert.
-        for point in group:
-            problem = _conflict(point, current)
-            if problem:
-                raise BadInputError(f"line {point.line}: {problem} (a concurrent write added it first)")
-        partition_id = catalog.ensure_partition(conn, table_id, partition_key)
-        order = (orders or {}).get((table_name, partition_key)) or catalog.next_orders(conn, 1)[0]
-        label = (labels or {}).get((table_name, partition_key))
-        data = storage.points_to_table(group, wanted)
-        if kind is ChunkKind.PARQUET:
-            data, file_sort_key = _as_persisted(catalog, conn, partition_id, data, wanted, sort_key)
-        rel = chunk_path(db_id, table_id, partition_id)
-        path = root / rel
-        staged.paths.append(path)
-        size = storage.write_parquet_atomic(data, path, metadata={"iox.kind": kind.value})
-        times = data[TIME]
-        mm = pc.min_max(times).as_py()
-        values = dict(
-            object_id=path.stem, label=label, table_id=table_id, partition_id=partition_id, store=store,
-            path=rel, min_time=mm["min"], max_time=mm["max"], row_count=data.num_rows, file_size=size,
-            column_names=list(storage.column_layout(wanted)),
-            tag_ranges={k: list(v) for k, v in storage.tag_ranges(data, wanted).items()}, chunk_order=order,
-        )
-        if kind is ChunkKind.PARQUET:
-            values["sort_key"] = list(file_sort_key)
-        chunk_id = catalog.insert_chunk(conn, kind, values)
-        display = label or f"{'P' if kind is ChunkKind.PARQUET else 'I'}{chunk_id}"
-        written.append(WrittenChunk(display, table_name, partition_key, data.num_rows, order))
+        columns = storage.chunk_columns(group)
+        written.append(store_chunk(
+            catalog, conn, staged, db_id, table_name, partition_key, storage.points_to_table(group, columns),
+            columns, kind=kind, order=(orders or {}).get((table_name, partition_key)),
+            label=(labels or {}).get((table_name, partition_key)), sort_key=sort_key, store=store,
+            lines={p.line for p in group},
+        ))
     return WriteResult(tuple(written), tuple(conflicts))
+
+
+def store_chunk(
+    catalog: Catalog,
+    conn: Connection,
+    staged: _Staged,
+    db_id: int,
+    table_name: str,
+    partition_key: str,
+    data: pa.Table,
+    columns: Mapping[str, ColumnType],
+    *,
+    kind: ChunkKind,
+    order: int | None = None,
+    label: str | None = None,
+    sort_key: Sequence[str] | None = None,
+    store: str = LOCAL_STORE,
+    lines: set[int] | None = None,
+) -> WrittenChunk:
+    """Write one chunk of one (table, partition) and register it, inside the caller's transaction.
+
+    `data` has `columns` (and `__seq` for an ingester chunk); a Parquet chunk is deduplicated and sorted here as
+    a persisted file would be. Columns new to the table are added; a type that conflicts with the catalog (a
+    concurrent writer may have added the name first) is an error.
+    """
+    table_id = catalog.ensure_table(conn, db_id, table_name)
+    current = catalog.add_columns(conn, table_id, columns)
+    clashes = [f"{name} ({ctype.value}, but {current[name].value} in the catalog)"
+               for name, ctype in columns.items() if current.get(name) is not ctype]
+    if clashes:
+        where = f"lines {min(lines)}-{max(lines)}: " if lines else ""
+        raise BadInputError(f"{where}{table_name}: column types conflict with the catalog: {', '.join(clashes)}")
+    partition_id = catalog.ensure_partition(conn, table_id, partition_key)
+    order = order or catalog.next_orders(conn, 1)[0]
+    file_sort_key: list[str] = []
+    if kind is ChunkKind.PARQUET:
+        data, file_sort_key = _as_persisted(catalog, conn, partition_id, data, columns, sort_key)
+    rel = chunk_path(db_id, table_id, partition_id)
+    path = staged.root / rel
+    staged.paths.append(path)
+    size = storage.write_parquet_atomic(data, path, metadata={"iox.kind": kind.value})
+    mm = pc.min_max(data[TIME]).as_py()
+    values = dict(
+        object_id=path.stem, label=label, table_id=table_id, partition_id=partition_id, store=store,
+        path=rel, min_time=mm["min"], max_time=mm["max"], row_count=data.num_rows, file_size=size,
+        column_names=list(storage.column_layout(columns)),
+        tag_ranges={k: list(v) for k, v in storage.tag_ranges(data, columns).items()}, chunk_order=order,
+    )
+    if kind is ChunkKind.PARQUET:
+        values["sort_key"] = list(file_sort_key)
+    chunk_id = catalog.insert_chunk(conn, kind, values)
+    display = label or f"{'P' if kind is ChunkKind.PARQUET else 'I'}{chunk_id}"
+    return WrittenChunk(display, table_name, partition_key, data.num_rows, order)
+
+
+def write_table(
+    catalog: Catalog,
+    db: str,
+    table_name: str,
+    data: pa.Table,
+    columns: Mapping[str, ColumnType],
+    *,
+    kind: ChunkKind = ChunkKind.PARQUET,
+    warehouse: Path | None = None,
+) -> list[WrittenChunk]:
+    """Store an Arrow table (int64 ns `time`) as chunks of `table_name`, one per day partition, in one
+    transaction. For ingester chunks `data` must carry `__seq`; Parquet chunks are deduplicated and sorted."""
+    import numpy as np
+
+    staged = _Staged(warehouse or default_warehouse())
+    try:
+        with catalog.engine.begin() as conn:
+            db_id = catalog.ensure_database(conn, db)
+            days = np.floor_divide(data[TIME].to_numpy(), NS_PER_DAY)
+            written = []
+            for day in np.unique(days):
+                part = data.filter(pa.array(days == day))
+                written.append(store_chunk(catalog, conn, staged, db_id, table_name,
+                                           partition_of(int(day) * NS_PER_DAY), part, columns, kind=kind))
+            return written
+    except BaseException:
+        staged.rollback()
+        raise
 
 
 def _as_persisted(

@@ -46,7 +46,7 @@ def session() -> Any:
 
 
 def run_in_process(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO,
-                   strategy: str = "split") -> int:
+                   strategy: str | None = None) -> int:
     from spark_jobs.executor import execute, materialize, spark_errors
 
     with spark_errors():
@@ -54,7 +54,7 @@ def run_in_process(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdo
         return materialize(execution.result, fmt.value, output, stdout)
 
 
-def spark_submit_command(plan_file: Path, fmt: str, output: Path, strategy: str = "split") -> list[str]:
+def spark_submit_command(plan_file: Path, fmt: str, output: Path, strategy: str | None = None) -> list[str]:
     """The spark-submit invocation for a plan file (the Airflow DAGs build the same through SparkSubmitOperator)."""
     from spark_jobs.executor import session_conf
 
@@ -63,12 +63,14 @@ def spark_submit_command(plan_file: Path, fmt: str, output: Path, strategy: str 
     for key, value in session_conf().items():
         cmd += ["--conf", f"{key}={value}"]
     cmd += [str(project_root() / "spark_jobs" / "run_plan.py"), "--plan", str(plan_file),
-            "--warehouse", str(warehouse()), "--format", fmt, "--output", str(output), "--strategy", strategy]
+            "--warehouse", str(warehouse()), "--format", fmt, "--output", str(output)]
+    if strategy is not None:
+        cmd += ["--strategy", strategy]
     return cmd
 
 
 def run_spark_submit(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO,
-                     strategy: str = "split") -> int:
+                     strategy: str | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="iox-run-") as tmp:
         plan_file = Path(tmp) / "plan.json"
         plan_file.write_text(plan.to_json())

@@ -1,0 +1,112 @@
+"""IOx deduplication of Arrow data, vectorized with numpy (used by persist and by the Spark runner's workers).
+
+One row per primary key (tags + time; a NULL tag equals a NULL tag); every other column takes its last non-null
+value in write order, given as one int64 per row (`(chunk order << 32) | write position`). Tags are dictionary
+encoded to integers first, so grouping is one `lexsort` over integer arrays instead of hashing strings.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def _codes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Integers that are equal exactly where the values are equal (NULL equal to NULL)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type) or pa.types.is_binary(array.type):
+        array = pc.dictionary_encode(array)
+    if pa.types.is_dictionary(array.type):
+        return np.asarray(array.indices.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    if array.null_count:
+        values = np.asarray(array.fill_null(0).to_numpy(zero_copy_only=False))
+        return np.where(array.is_null().to_numpy(zero_copy_only=False), np.iinfo(np.int64).min, values)
+    return np.asarray(array.to_numpy(zero_copy_only=False))
+
+
+_LIMIT = 1 << 62
+
+
+def _combine(codes: list[np.ndarray]) -> list[np.ndarray]:
+    """Fold runs of small non-negative codes into single integers (mixed radix), so the sort below compares a
+    few arrays instead of one per tag; re-densify with `np.unique` when the radix would overflow."""
+    out: list[np.ndarray] = []
+    current: np.ndarray | None = None
+    span = 1
+    for code in codes:
+        low, high = (int(code.min()), int(code.max())) if code.size else (0, 0)
+        width = high - low + 1
+        if low < -1 or width > _LIMIT:  # not a dictionary code (e.g. time): keep it as its own sort array
+            if current is not None:
+                out.append(current)
+                current = None
+            out.append(code)
+            continue
+        shifted = code - low
+        if current is None:
+            current, span = shifted, width
+            continue
+        if span * width >= _LIMIT:
+            _, inverse = np.unique(current, return_inverse=True)
+            current = inverse.astype(np.int64)
+            span = int(current.max()) + 1
+            if span * width >= _LIMIT:
+                out.append(current)
+                current, span = shifted, width
+                continue
+        current = current * width + shifted
+        span *= width
+    if current is not None:
+        out.append(current)
+    return out
+
+
+def deduplicate_table(table: pa.Table, keys: Sequence[str], order: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    """Deduplicate `table` on `keys`; `order` ranks rows oldest first. Returns the merged rows (all columns of
+    `table`, keys first as in `table`) and, per merged row, the highest order that contributed to it."""
+    n = table.num_rows
+    if n == 0:
+        return table, np.asarray(order, dtype=np.int64)
+    codes = _combine([_codes(table[k]) for k in keys])
+    # lexsort's last array is the primary key: keys in order, then write order inside each key.
+    idx = np.lexsort([order, *reversed(codes)])
+    starts = np.zeros(n, dtype=bool)
+    starts[0] = True
+    for code in codes:
+        ordered = code[idx]
+        starts[1:] |= ordered[1:] != ordered[:-1]
+    group = np.cumsum(starts) - 1
+    first = np.flatnonzero(starts)
+    groups = len(first)
+    ends = np.empty(groups, dtype=np.int64)
+    ends[:-1] = first[1:] - 1
+    ends[-1] = n - 1
+    columns: dict[str, pa.Array | pa.ChunkedArray] = {}
+    key_set = set(keys)
+    take_first = pa.array(idx[first])
+    for name in table.column_names:
+        column = table[name]
+        if name in key_set:
+            columns[name] = column.take(take_first)
+            continue
+        valid = column.is_valid()
+        valid_np = (valid.to_numpy(zero_copy_only=False) if not isinstance(valid, pa.ChunkedArray)
+                    else np.concatenate([c.to_numpy(zero_copy_only=False) for c in valid.chunks]) if valid.num_chunks
+                    else np.zeros(0, dtype=bool))
+        positions = np.flatnonzero(valid_np[idx])
+        pick = np.full(groups, -1, dtype=np.int64)
+        if positions.size:
+            owner = group[positions]
+            last = np.empty(positions.size, dtype=bool)
+            last[:-1] = owner[1:] != owner[:-1]
+            last[-1] = True
+            pick[owner[last]] = positions[last]
+        found = pick >= 0
+        source = idx[np.where(found, pick, 0)]
+        taken = column.take(pa.array(source))
+        columns[name] = pc.if_else(pa.array(found), taken, pa.scalar(None, type=column.type))
+    merged = pa.table(columns)
+    return merged, np.asarray(order, dtype=np.int64)[idx][ends]

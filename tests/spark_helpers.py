@@ -1,0 +1,39 @@
+"""Spark tests share one local SparkSession (JVM start-up costs about 10 s) and run queries the way the CLI does."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from iox_planner.catalog import Catalog, CatalogSource
+from iox_planner.output import OutputFormat
+from iox_planner.planner import plan_query
+from iox_planner.planner.nodes import QueryPlan
+from iox_planner.scenario import load_scenario, parse_scenario
+
+
+def load(catalog: Catalog, db: str, chunks: list[dict[str, Any]]) -> None:
+    load_scenario(catalog, parse_scenario({"chunks": chunks}), db)
+
+
+def plan(catalog: Catalog, db: str, sql: str, **kw: Any) -> QueryPlan:
+    return plan_query(sql, CatalogSource(catalog, db), **kw)
+
+
+def run_jsonl(spark: Any, catalog: Catalog, db: str, sql: str, *, optimize: bool = True,
+              strategy: str | None = None, **kw: Any) -> list[dict[str, Any]]:
+    """The rows a user gets from `iox-batch query --format jsonl`, parsed."""
+    from iox_planner import runner
+
+    out = io.StringIO()
+    query_plan = plan_query(sql, CatalogSource(catalog, db), optimize=optimize, **kw)
+    runner.run_in_process(query_plan, OutputFormat.JSONL, None, out, strategy=strategy)
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def warehouse_path() -> Path:
+    from iox_planner.config import warehouse
+
+    return warehouse()
