@@ -35,6 +35,8 @@ typecheck: venv
 
 bench: venv
 	$(BIN)/python benchmarks/bench_catalog.py
+	$(BIN)/python benchmarks/bench_planner.py
+	$(BIN)/python benchmarks/bench_spark.py
 
 # Regenerate the lock from requirements.in (needs the registry).
 lock:

@@ -207,7 +207,7 @@ class ScanBuilder:
         return df
 
     def _measure(self, node: PlanNode, df: DataFrame, rows_in: DataFrame | None = None) -> None:
-        if not self.analyze:
+        if not self.analyze or (id(node) in self.metrics and rows_in is None):
             return
         started = time.perf_counter()
         metrics = self.metrics.setdefault(id(node), NodeMetrics())
@@ -464,6 +464,9 @@ def execute(spark: SparkSession, plan: QueryPlan, warehouse: Path, *, strategy: 
             analyze: bool = False) -> Execution:
     """Register one view per scan tree and run the query's SQL over them."""
     strategy = Strategy(strategy or os.environ.get("IOX_DEDUP_STRATEGY") or DEFAULT_STRATEGY)
+    if analyze:
+        # Per-node metrics need each node evaluated on its own; row counts do not depend on the strategy.
+        strategy = Strategy.NODE
     scans = []
     metrics: dict[int, NodeMetrics] = {}
     for scan, tree in zip(plan.scans, plan.children):

@@ -73,6 +73,34 @@ def cmd_persist(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from .ingest import persist, write_line_protocol
+    from .timeutil import NS_PER_SECOND, parse_time
+    from .tsbs import generate_cpu
+
+    if args.hosts < 1 or args.hours < 1 or not 0 <= args.rewrite_fraction <= 1:
+        raise BadInputError("--hosts and --hours must be at least 1 and --rewrite-fraction between 0 and 1")
+    catalog = _catalog()
+    start = parse_time(args.start, what="--start")
+    batches = generate_cpu(hosts=args.hosts, start_ns=start, end_ns=start + args.hours * 3600 * NS_PER_SECOND,
+                           interval_s=args.interval, seed=args.seed, rewrite_fraction=args.rewrite_fraction)
+    total = args.hours + round(args.rewrite_fraction * args.hours)
+    rows = 0
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("writing cpu", total=total)
+        for batch in batches:
+            rows += write_line_protocol(catalog, args.db, batch.text, source=batch.label).rows
+            progress.advance(task)
+            if args.persist and not batch.rewrite:
+                # Persist hour by hour, so regular hours become sorted files and rewrites overlap them later.
+                persist(catalog, args.db, table="cpu")
+    out.print(f"wrote {rows:,} cpu rows ({args.hosts} hosts, {args.hours} h, "
+              f"{args.rewrite_fraction:.0%} of hours rewritten) to {args.db}")
+    return 0
+
+
 def cmd_load(args: argparse.Namespace) -> int:
     from .scenario import load_scenario, read_scenario
 
@@ -164,6 +192,19 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("scenario", metavar="SCENARIO.yaml")
     _add_db(load, required=False)
     load.set_defaults(func=cmd_load)
+
+    generate = sub.add_parser("generate", help="write a seeded TSBS-style cpu data set (hosts x 10 s samples)")
+    _add_db(generate)
+    generate.add_argument("--hosts", type=int, default=10)
+    generate.add_argument("--hours", type=int, default=24)
+    generate.add_argument("--start", default="2024-01-01T00:00:00Z", help="RFC 3339 (default 2024-01-01)")
+    generate.add_argument("--interval", type=int, default=10, help="seconds between samples (default 10)")
+    generate.add_argument("--rewrite-fraction", type=float, default=0.0,
+                          help="share of hours written again later, with changed and missing fields")
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--persist", action="store_true",
+                          help="persist each regular hour as it is written (rewrites stay in the ingester)")
+    generate.set_defaults(func=cmd_generate)
 
     show = sub.add_parser("show", help="tables, partitions and chunks of a database")
     _add_db(show)

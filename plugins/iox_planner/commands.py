@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .errors import BadInputError, UnsupportedError
+from .errors import BadInputError
 from .timeutil import check_range, parse_time
 
 
@@ -43,7 +43,13 @@ def explain(args: argparse.Namespace) -> str:
     from .planner import render
 
     if args.analyze:
-        raise UnsupportedError("explain --analyze needs the Spark runner, which is not part of this build yet")
+        if args.chunks:
+            raise BadInputError("--analyze runs the plan, which needs the data: use it with --db, not --chunks")
+        if args.format != "tree":
+            raise BadInputError("--analyze shows its metrics in the tree format; drop --format or use tree")
+        from .runner import analyze
+
+        return analyze(plan_from_args(args))
     return str(render(plan_from_args(args), args.format))
 
 

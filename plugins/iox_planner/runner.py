@@ -120,3 +120,36 @@ def run(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO)
         return run_spark_submit(plan, fmt, output, stdout)
     return run_in_process(plan, fmt, output, stdout)
 
+
+
+def analyze(plan: QueryPlan) -> str:
+    """EXPLAIN ANALYZE: run the plan node by node and show each node's metrics in the tree."""
+    import time
+
+    from spark_jobs.executor import execute, spark_errors
+
+    from .planner.explain import render_tree
+    from .planner.nodes import DeduplicateExec, PlanNode
+
+    started = time.perf_counter()
+    with spark_errors():
+        execution = execute(session(), plan, warehouse(), analyze=True)
+        rows = execution.result.count()
+    elapsed = time.perf_counter() - started
+
+    def annotate(node: PlanNode) -> str:
+        m = execution.metrics.get(id(node))
+        if m is None:
+            return ""
+        parts = [f"output_rows={m.rows_out}"]
+        if isinstance(node, DeduplicateExec) and m.rows_in is not None:
+            parts += [f"input_rows={m.rows_in}", f"duplicates_removed={m.duplicates_removed}"]
+        if m.files is not None:
+            parts.append(f"files={m.files}")
+        if m.seconds is not None:
+            parts.append(f"elapsed={m.seconds * 1000:.0f}ms")
+        return "metrics=[" + ", ".join(parts) + "]"
+
+    summary = (f"analyze: {rows} result rows, {elapsed:.2f} s in all (each node's elapsed time counts its own "
+               "subtree, evaluated on its own)")
+    return render_tree(plan, annotate, summary)

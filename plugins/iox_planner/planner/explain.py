@@ -10,7 +10,7 @@ Tree text, one node per line, two spaces per level; sort expressions name the co
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -73,12 +73,17 @@ def node_line(node: PlanNode) -> str:
     raise TypeError(f"cannot render {type(node).__name__}")
 
 
-def render_node(node: PlanNode, indent: int = 0) -> str:
+Annotate = Callable[[PlanNode], str]
+"""Extra text for a node's line (EXPLAIN ANALYZE's metrics), or "" for none."""
+
+
+def render_node(node: PlanNode, indent: int = 0, annotate: Annotate | None = None) -> str:
     """A scan (sub)tree as EXPLAIN text."""
     lines: list[str] = []
 
     def visit(n: PlanNode, depth: int) -> None:
-        lines.append("  " * depth + node_line(n))
+        extra = annotate(n) if annotate is not None else ""
+        lines.append("  " * depth + node_line(n) + (f", {extra}" if extra else ""))
         for child in n.children:
             visit(child, depth + 1)
 
@@ -99,18 +104,21 @@ def _pruning_text(p: ScanPruning) -> str:
     return text
 
 
-def render_tree(plan: QueryPlan) -> str:
-    """The whole plan as EXPLAIN text: the QueryExec line, notes, then each scan with its pruning and tree."""
+def render_tree(plan: QueryPlan, annotate: Annotate | None = None, summary: str = "") -> str:
+    """The whole plan as EXPLAIN text: the QueryExec line, notes, then each scan with its pruning and tree.
+    `annotate` adds per-node text (metrics) and `summary` a line after the head (EXPLAIN ANALYZE)."""
     head = f"QueryExec: now={format_time(plan.now)}"
     start, end = plan.time_range
     if start is not None or end is not None:
         head += f", time_range=[{'' if start is None else format_time(start)}, " \
                 f"{'' if end is None else format_time(end)})"
     lines = [head]
+    if summary:
+        lines.append(f"  {summary}")
     lines.extend(f"  note: {note}" for note in plan.notes)
     for scan, pruning, tree in zip(plan.scans, plan.pruning, plan.children):
         lines.append(f"  scan {scan.view} ({scan.table} AS {scan.alias}): {_pruning_text(pruning)}")
-        lines.append(render_node(tree, 2))
+        lines.append(render_node(tree, 2, annotate))
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,93 @@
+"""The Spark job on a real standalone cluster (a master and a worker started here) gives the rows local mode
+gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from helpers import run_cli
+from iox_planner.catalog import Catalog
+from spark_helpers import load
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+T0 = 1_704_067_200_000_000_000
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for_port(port: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    spark_class = Path(sys.executable).parent / "spark-class"
+    logs = tmp_path_factory.mktemp("cluster")
+    port, web, worker_web = _free_port(), _free_port(), _free_port()
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
+           "SPARK_LOG_DIR": str(logs), "SPARK_WORKER_DIR": str(logs / "work")}
+    url = f"spark://127.0.0.1:{port}"
+    procs = []
+    try:
+        procs.append(subprocess.Popen(
+            [str(spark_class), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+             "--webui-port", str(web)], stdout=open(logs / "master.log", "w"), stderr=subprocess.STDOUT, env=env,
+            start_new_session=True))
+        _wait_for_port(port, time.monotonic() + 90)
+        procs.append(subprocess.Popen(
+            [str(spark_class), "org.apache.spark.deploy.worker.Worker", url, "--cores", "2", "--memory", "2g",
+             "--webui-port", str(worker_web)], stdout=open(logs / "worker.log", "w"), stderr=subprocess.STDOUT,
+            env=env, start_new_session=True))
+        deadline = time.monotonic() + 90
+        while "Registered with master" not in (logs / "worker.log").read_text():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the Spark worker did not register: " + (logs / "worker.log").read_text()[-2000:])
+            time.sleep(0.5)
+        yield url
+    finally:
+        for proc in reversed(procs):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_standalone_cluster_gives_the_same_rows_as_local(cluster: str, spark: Any, catalog: Catalog, db: str,
+                                                         tmp_path: Path) -> None:
+    load(catalog, db, [
+        {"id": "F1", "kind": "parquet", "lines": f"m,t=a v=1,w=1 {T0}\nm,t=b v=2 {T0 + 1}\nm,t=c v=3 {T0 + 2}"},
+        {"id": "F2", "kind": "parquet", "lines": f"m,t=a v=10 {T0}\nm,t=d v=4 {T0 + 3}"},
+        {"id": "I3", "kind": "ingester", "lines": f"m,t=b w=20 {T0 + 1}\nm,t=b w=21 {T0 + 1}"},
+    ])
+    sql = "SELECT t, v, w, time FROM m ORDER BY t"
+    local_out, cluster_out = tmp_path / "local.jsonl", tmp_path / "cluster.jsonl"
+    local = run_cli("query", "--db", db, sql, "--format", "jsonl", "--output", str(local_out))
+    assert local.returncode == 0, local.stderr
+    remote = run_cli("query", "--db", db, sql, "--format", "jsonl", "--output", str(cluster_out),
+                     env={"IOX_SPARK_MASTER": cluster, "IOX_RUNNER": "spark-submit"})
+    assert remote.returncode == 0, remote.stderr
+    rows = [json.loads(line) for line in cluster_out.read_text().splitlines()]
+    assert rows == [json.loads(line) for line in local_out.read_text().splitlines()]
+    assert [(r["t"], r["v"], r["w"]) for r in rows] == [
+        ("a", 10.0, 1.0), ("b", 2.0, 21.0), ("c", 3.0, None), ("d", 4.0, None)]
