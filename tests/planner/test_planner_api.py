@@ -120,7 +120,8 @@ def test_json_shape_the_executor_reads() -> None:
 def test_spark_sql_reads_views_keeps_parameters_and_fixes_now() -> None:
     plan = complex_plan()
     assert plan.spark_sql == (
-        "SELECT a.city, b.temp, a.time FROM __iox_scan_0 AS a LEFT JOIN __iox_scan_1 AS b ON a.city = b.city "
+        "SELECT a.city, b.temp, a.time, a.__time_ns AS __iox_ns_time FROM __iox_scan_0 AS a "
+        "LEFT JOIN __iox_scan_1 AS b ON a.city = b.city "
         "WHERE a.state = :s AND a.time > TIMESTAMP_MICROS(1704067200123456) - INTERVAL '1' DAY AND b.n > 3")
 
 

@@ -53,14 +53,15 @@ def random_scenario(rng: random.Random) -> tuple[list[dict[str, Any]], list[tupl
         day = rng.randint(0, 2)
         start = T0 + day * DAY + rng.randint(0, 8) * 1_000_000_000
         width = rng.choice([0, 2, 5, 12]) * 1_000_000_000
-        fields = [f for f in FIELDS if rng.random() < 0.7] or ["f"]
+        # The first chunk has every field, so every column a query names exists in the table.
+        fields = list(FIELDS) if order == 1 else [f for f in FIELDS if rng.random() < 0.7] or ["f"]
         rows: list[Row] = []
         for _ in range(rng.randint(1, 12)):
             t1, t2 = rng.choice(keys)
             time = start + rng.randint(0, width // 1_000_000_000) * 1_000_000_000 + rng.choice([0, 0, 0, 1, 1000])
             values: dict[str, Any] = {}
             for f in fields:
-                if rng.random() < 0.75:
+                if rng.random() < 0.75 or (order == 1 and not rows):
                     values[f] = {"float": lambda: round(rng.uniform(-5, 5), 2), "integer": lambda: rng.randint(-3, 9),
                                  "string": lambda: rng.choice(["p", "q", "r"]), "boolean": lambda: rng.random() < 0.5}[
                         FIELDS[f]]()

@@ -10,14 +10,21 @@ In a scan, `time` is the stored int64 nanoseconds; on the view Spark sees a TIME
 microseconds. A pushed comparison of `time` with a constant timestamp is rewritten over nanoseconds so that it
 keeps exactly the rows Spark keeps (`time > TIMESTAMP '...'` keeps a row 1 ns after the literal only if Spark
 does, which it does not: both see the same microsecond).
+
+The view also has `__time_ns`, the exact int64 nanoseconds. A result column that is a table's `time` passed through
+unchanged, row for row (`time_columns`), gets a companion `__iox_ns_<name>` selected at the top level, which the
+output folds back into `<name>`: `<alias>.__time_ns` for a view, or a hidden item `__iox_tns_<k>` added to each
+subquery or CTE the column passes through. An ORDER BY on such a column gets the nanoseconds as a tie-break right
+after it. Where that is not safe (set operations, DISTINCT, GROUP BY, aggregates, windows, a subquery whose column
+set a star or a column list would see change), the column keeps Spark's microseconds instead.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import dataclass
-from typing import Literal, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Iterator, Literal, Mapping, Sequence
 
 import sqlglot
 from sqlglot import exp
@@ -31,6 +38,13 @@ from .nodes import ParamValue
 from .predicate import SPARK, Conjunct, column, identifier, split_conjuncts, to_sql
 
 VIEW_PREFIX = "__iox_scan_"
+TIME_NS = "__time_ns"
+"""The view column holding a row's exact `time` in int64 nanoseconds (next to `time` as a microsecond TIMESTAMP)."""
+NS_PREFIX = "__iox_ns_"
+"""A top-level result column `__iox_ns_<name>` holds the exact nanoseconds of the time column `<name>`."""
+HIDDEN_PREFIX = "__iox_tns_"
+"""A hidden item a subquery or CTE passes the nanoseconds of one of its time columns through as."""
+_NODE = "iox_node"
 
 TagOp = Literal["eq", "in", "gt", "gte", "lt", "lte"]
 
@@ -119,12 +133,14 @@ def analyze(sql: str, tables: Mapping[str, TableSchema], *, params: Mapping[str,
     _reject_outside(statement)
     bound = _check_params(statement, params or {})
     refs = _tag_table_references(statement, tables)
+    shape = _tag_nodes(statement)
     qualified = _qualify(statement, tables)
     front = _Analysis(qualified, tables, refs, bound, now_ns)
     scans = tuple(front.scan(i) for i in range(len(refs)))
     output = front.output_columns()
-    spark_sql = _rewrite(statement, refs, scans, now_ns)
-    return AnalyzedQuery(sql, spark_sql, bound, scans, output, front.time_columns())
+    nanos = _Nanoseconds(front, shape).edits()
+    spark_sql = _rewrite(statement, refs, scans, now_ns, nanos)
+    return AnalyzedQuery(sql, spark_sql, bound, scans, output, tuple(nanos.time_columns))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -225,6 +241,42 @@ def _tag_table_references(statement: exp.Query, tables: Mapping[str, TableSchema
             node.meta["iox_ref"] = len(refs)
             refs.append(node)
     return refs
+
+
+def _tag_nodes(statement: exp.Query) -> _Shape:
+    """Give every SELECT, subquery and table an id (it survives `qualify` and `copy`, so the analysis of the
+    qualified query can edit the query as written), and note what `qualify` hides: stars and column lists."""
+    shape = _Shape()
+    for k, tagged in enumerate(statement.find_all(exp.Select, exp.Subquery, exp.Table)):
+        tagged.meta[_NODE] = k
+    for select in statement.find_all(exp.Select):
+        k = int(select.meta[_NODE])
+        holder = select.parent
+        alias = holder.args.get("alias") if isinstance(holder, (exp.Subquery, exp.CTE)) else None
+        if isinstance(alias, exp.TableAlias) and alias.columns:
+            shape.column_lists.add(k)
+        for node in _own_nodes(select):
+            if isinstance(node, exp.Star):
+                owner = node.parent
+                if owner is select:
+                    shape.stars.setdefault(k, set()).add(None)
+                elif isinstance(owner, exp.Column) and owner.parent is select:
+                    shape.stars.setdefault(k, set()).add(owner.table)
+                elif not isinstance(owner, exp.Count):
+                    shape.odd_stars.add(k)
+            elif isinstance(node, exp.Join) and node.args.get("method"):
+                shape.natural_joins.add(k)
+    return shape
+
+
+def _own_nodes(select: exp.Expr) -> Iterator[exp.Expr]:
+    """The nodes of one SELECT, without those of the queries nested in it (but with a subquery's own PIVOT)."""
+    def nested(node: exp.Expr) -> bool:
+        return node is not select and isinstance(node, (exp.Select, exp.SetOperation))
+
+    for node in select.walk(prune=nested):
+        if not nested(node):
+            yield node
 
 
 def _qualify(statement: exp.Query, tables: Mapping[str, TableSchema]) -> exp.Query:
@@ -378,35 +430,186 @@ class _Analysis:
             seen.add(name)
         return tuple(names)
 
-    def time_columns(self) -> tuple[str, ...]:
-        """Result columns that are a table's `time` passed through unchanged, row for row."""
-        if self.root is None or not isinstance(self.qualified, exp.Select):
-            return ()
-        out = []
-        for projection in self.qualified.selects:
-            inner = projection.unalias()
-            if isinstance(inner, exp.Column) and self._is_stored_time(inner, self.root):
-                out.append(projection.alias_or_name)
-        return tuple(out)
 
-    def _is_stored_time(self, col: exp.Column, scope: Scope) -> bool:
+# ----------------------------------------------------------------------------------------------------------------
+# Exact nanoseconds for time columns passed through
+
+
+@dataclass
+class _Shape:
+    """Facts about the query as written, by node id, that `qualify` does not keep."""
+
+    column_lists: set[int] = field(default_factory=set)
+    """SELECTs whose output columns a column list fixes (`(SELECT ...) AS s(a, b)`, `WITH x(a, b) AS ...`)."""
+    stars: dict[int, set[str | None]] = field(default_factory=dict)
+    """SELECT -> the qualifiers of its `*` items (None for a bare `*`)."""
+    odd_stars: set[int] = field(default_factory=set)
+    """SELECTs with a star somewhere else than as an item or in `count(*)` (`struct(*)`, ...)."""
+    natural_joins: set[int] = field(default_factory=set)
+    """SELECTs with a NATURAL (or other method) join, which joins on every common column."""
+
+
+@dataclass
+class _NsEdits:
+    """What the query as written gets so that time columns keep their nanoseconds."""
+
+    time_columns: list[str] = field(default_factory=list)
+    outputs: list[tuple[str, exp.Expr]] = field(default_factory=list)
+    """(result column, its nanoseconds over the top-level SELECT's sources): selected as `__iox_ns_<name>`."""
+    hidden: dict[int, list[tuple[str, exp.Expr]]] = field(default_factory=dict)
+    """SELECT id -> (hidden item name, nanoseconds over that SELECT's sources) to append to its items."""
+    order: dict[int, dict[int, exp.Expr]] = field(default_factory=dict)
+    """SELECT id -> ORDER BY position -> nanoseconds to sort by right after that item, in the same direction."""
+    aliases: dict[int, str] = field(default_factory=dict)
+    """Subquery id -> the alias it needs (it had none) so the outer query can name its hidden item."""
+    names: dict[tuple[int, str], str] = field(default_factory=dict)
+    """(SELECT id, item name) -> hidden item already passing that item's nanoseconds through."""
+
+
+class _Nanoseconds:
+    """Finds, on the qualified query, where the exact nanoseconds of each time column come from."""
+
+    def __init__(self, front: _Analysis, shape: _Shape) -> None:
+        self.front = front
+        self.shape = shape
+        self.out = _NsEdits()
+        self.scopes: list[Scope] = list(front.root.traverse()) if front.root is not None else []
+        counts: dict[int, int] = {}
+        for node in front.qualified.find_all(exp.Select, exp.Subquery):
+            if _NODE in node.meta:
+                counts[int(node.meta[_NODE])] = counts.get(int(node.meta[_NODE]), 0) + 1
+        self.unique = {k for k, n in counts.items() if n == 1}
+        self.extendable_memo: dict[int, bool] = {}
+
+    def edits(self) -> _NsEdits:
+        root = self.front.root
+        if root is None or not isinstance(root.expression, exp.Select):
+            return self.out
+        for projection in root.expression.selects:
+            inner = projection.unalias()
+            if isinstance(inner, exp.Column):
+                ns = self._ns(inner, root)
+                if ns is not None:
+                    self.out.time_columns.append(projection.alias_or_name)
+                    self.out.outputs.append((projection.alias_or_name, ns))
+        for scope in self.scopes:
+            self._order_ties(scope)
+        return self.out
+
+    def _id(self, node: exp.Expr | None) -> int | None:
+        """The id of a node of the query as written, if the qualified query has it exactly once."""
+        if node is None or _NODE not in node.meta:
+            return None
+        k = int(node.meta[_NODE])
+        return k if k in self.unique else None
+
+    def _ns(self, col: exp.Column, scope: Scope) -> exp.Expr | None:
+        """The exact nanoseconds of `col` (a column of `scope`'s SELECT) if it is a table's `time` passed through
+        unchanged, as an expression over that SELECT's sources as written; None if it is not or cannot be."""
         select = scope.expression
-        if not isinstance(select, exp.Select) or select.args.get("group") or select.args.get("distinct"):
-            return False
-        if any(select.find_all(exp.AggFunc, exp.Window)):
-            return False
+        if not _passes_rows(select) or not col.table:
+            return None
         source = scope.sources.get(col.table)
         if isinstance(source, exp.Table):
-            if "iox_ref" not in source.meta:
-                return False
-            schema = self.tables[self.table_of[int(source.meta["iox_ref"])]]
-            return col.name == TIME and schema.columns.get(TIME, ColumnType.TIME) is ColumnType.TIME
-        if isinstance(source, Scope) and isinstance(source.expression, exp.Select):
-            for projection in source.expression.selects:
-                if projection.alias_or_name == col.name:
-                    inner = projection.unalias()
-                    return isinstance(inner, exp.Column) and self._is_stored_time(inner, source)
+            if "iox_ref" not in source.meta or col.name != TIME:
+                return None
+            i = int(source.meta["iox_ref"])
+            if self.front.tables[self.front.table_of[i]].columns.get(TIME, ColumnType.TIME) is not ColumnType.TIME:
+                return None
+            return exp.Column(this=identifier(TIME_NS), table=identifier(self.front.alias_of[i]))
+        if not isinstance(source, Scope) or not isinstance(source.expression, exp.Select):
+            return None
+        inner_select = source.expression
+        projection = next((p for p in inner_select.selects if p.alias_or_name == col.name), None)
+        if projection is None or not isinstance(projection.unalias(), exp.Column):
+            return None
+        k = self._id(inner_select)
+        if k is None or not self._extendable(source):
+            return None
+        hidden = self.out.names.get((k, col.name))
+        if hidden is None:
+            passed = projection.unalias()
+            inner = self._ns(passed, source) if isinstance(passed, exp.Column) else None
+            if inner is None:
+                return None
+            hidden = f"{HIDDEN_PREFIX}{len(self.out.names)}"
+            self.out.names[(k, col.name)] = hidden
+            self.out.hidden.setdefault(k, []).append((hidden, inner))
+        holder = inner_select.parent
+        if isinstance(holder, exp.Subquery):
+            subquery = self._id(holder)
+            if subquery is None:
+                return None
+            self.out.aliases[subquery] = col.table
+        return exp.Column(this=identifier(hidden), table=identifier(col.table))
+
+    def _extendable(self, scope: Scope) -> bool:
+        """Whether the SELECT of `scope` (a subquery or CTE) can get hidden items without any reader of it seeing
+        a difference: no column list names its columns, and every star over it is in a SELECT that passes rows
+        through and is itself extendable (or is the top level, whose `__` columns the output drops)."""
+        key = id(scope)
+        if key not in self.extendable_memo:
+            self.extendable_memo[key] = False  # no cycles, but never loop
+            self.extendable_memo[key] = self._check_extendable(scope)
+        return self.extendable_memo[key]
+
+    def _check_extendable(self, scope: Scope) -> bool:
+        select = scope.expression
+        k = self._id(select)
+        if not isinstance(select, exp.Select) or k is None or k in self.shape.column_lists:
+            return False
+        holder = select.parent
+        if not isinstance(holder, exp.CTE) and not (
+                isinstance(holder, exp.Subquery) and isinstance(holder.parent, (exp.From, exp.Join))):
+            return False
+        for reader in self.scopes:
+            for alias, (_, source) in reader.selected_sources.items():
+                if source is not scope:
+                    continue
+                r = self._id(reader.expression)
+                if r is None or r in self.shape.odd_stars or r in self.shape.natural_joins:
+                    return False
+                if any(isinstance(n, exp.Pivot) for n in _own_nodes(reader.expression)):
+                    return False  # a PIVOT groups by every column it does not pivot, hidden ones too
+                stars = self.shape.stars.get(r, set())
+                if None in stars or alias in stars:
+                    if not _passes_rows(reader.expression):
+                        return False
+                    if reader is not self.front.root and not self._extendable(reader):
+                        return False
+        return True
+
+    def _order_ties(self, scope: Scope) -> None:
+        """An ORDER BY item that is a time passed through gets its nanoseconds as the next sort key."""
+        select = scope.expression
+        if not isinstance(select, exp.Select):
+            return
+        order = select.args.get("order")
+        k = self._id(select)
+        if not isinstance(order, exp.Order) or k is None or not _passes_rows(select):
+            return
+        items = {p.alias_or_name: p.unalias() for p in select.selects}
+        for position, ordered in enumerate(order.expressions):
+            target: exp.Expr | None = ordered.this
+            if isinstance(target, exp.Literal) and not target.is_string and str(target.this).isdigit():
+                index = int(str(target.this)) - 1
+                target = select.selects[index].unalias() if 0 <= index < len(select.selects) else None
+            elif isinstance(target, exp.Column) and not target.table:
+                target = items.get(target.name)
+            if isinstance(target, exp.Column) and target.table:
+                ns = self._ns(target, scope)
+                if ns is not None:
+                    self.out.order.setdefault(k, {})[position] = ns
+
+
+def _passes_rows(select: exp.Expr) -> bool:
+    """A SELECT whose items see each input row once, as is: no grouping, DISTINCT, aggregate, window or pivot
+    (so adding an item changes nothing else)."""
+    if not isinstance(select, exp.Select):
         return False
+    if any(select.args.get(k) for k in ("group", "distinct", "having", "qualify")):
+        return False
+    return not any(isinstance(n, (exp.AggFunc, exp.Window, exp.Pivot)) for n in _own_nodes(select))
 
 
 class _Pushdown:
@@ -635,9 +838,13 @@ def _tag_filter(part: exp.Expr, schema: TableSchema) -> TagFilter | None:
 # The query Spark runs
 
 
-def _rewrite(statement: exp.Query, refs: Sequence[exp.Table], scans: Sequence[ScanRequest], now_ns: int) -> str:
-    """Each table reference becomes its view (keeping its alias), and `now()` becomes the planning time."""
+def _rewrite(statement: exp.Query, refs: Sequence[exp.Table], scans: Sequence[ScanRequest], now_ns: int,
+             nanos: _NsEdits | None = None) -> str:
+    """Each table reference becomes its view (keeping its alias), `now()` becomes the planning time, and time
+    columns passed through get their exact nanoseconds (`nanos`)."""
     tree = statement.copy()
+    if nanos is not None:
+        _add_nanoseconds(tree, nanos)
     by_index = {int(t.meta["iox_ref"]): t for t in tree.find_all(exp.Table) if "iox_ref" in t.meta}
     for i, scan in enumerate(scans):
         original = by_index[i]
@@ -655,3 +862,27 @@ def _rewrite(statement: exp.Query, refs: Sequence[exp.Table], scans: Sequence[Sc
                                        expressions=[exp.Literal.number(now_us // 86_400_000_000)]))
     return to_sql(tree)
 
+
+def _add_nanoseconds(tree: exp.Query, nanos: _NsEdits) -> None:
+    nodes: dict[int, exp.Expr] = {}
+    for node in tree.find_all(exp.Select, exp.Subquery):
+        if _NODE in node.meta:
+            nodes.setdefault(int(node.meta[_NODE]), node)
+    for k, alias in nanos.aliases.items():
+        subquery = nodes[k]
+        if not subquery.alias:
+            subquery.set("alias", exp.TableAlias(this=identifier(alias)))
+    for k, items in nanos.hidden.items():
+        for name, ns in items:
+            nodes[k].append("expressions", exp.alias_(ns.copy(), identifier(name)))
+    for k, ties in nanos.order.items():
+        order = nodes[k].args["order"]
+        expressions: list[exp.Expr] = []
+        for position, ordered in enumerate(order.expressions):
+            expressions.append(ordered)
+            if position in ties:
+                expressions.append(exp.Ordered(this=ties[position].copy(), desc=ordered.args.get("desc"),
+                                               nulls_first=ordered.args.get("nulls_first")))
+        order.set("expressions", expressions)
+    for name, ns in nanos.outputs:
+        tree.append("expressions", exp.alias_(ns.copy(), identifier(NS_PREFIX + name)))
