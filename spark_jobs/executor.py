@@ -14,6 +14,7 @@ with its bound parameters.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -118,6 +119,8 @@ def build_session(master: str | None = None, app: str = "iox-batch",
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    # PySpark logs a failed query's context as JSON on standard error; iox-batch reports the error itself.
+    logging.getLogger("SQLQueryContextLogger").disabled = True
     return spark
 
 
@@ -500,7 +503,7 @@ def spark_errors() -> Iterator[None]:
             text = text[:600] + "..."
         if condition and ("CANNOT_READ" in condition or "FILE" in condition or "PARQUET" in condition):
             raise CatalogError(f"reading a chunk file failed: {text}") from err
-        raise BadQueryError(f"Spark rejected the query: {text}") from err
+        raise BadQueryError(f"the query failed on Spark: {text}") from err
 
 
 # --- results -----------------------------------------------------------------------------------------------------

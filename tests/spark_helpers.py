@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,3 +38,23 @@ def warehouse_path() -> Path:
     from iox_planner.config import warehouse
 
     return warehouse()
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args: str) -> CliResult:
+    """Run `iox-batch` in this process (sharing the test session's SparkSession), capturing its output."""
+    import contextlib
+
+
+    from iox_planner import cli as iox_cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = iox_cli.main(list(args))
+    return CliResult(code, out.getvalue(), err.getvalue())

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import run_cli
 from iox_planner.catalog import Catalog
-from spark_helpers import load
+from spark_helpers import cli, load
 
 pytestmark = pytest.mark.spark
 
@@ -36,21 +36,22 @@ def test_jsonl_file_and_csv_file(spark: Any, data: str, tmp_path: Path) -> None:
     out = tmp_path / "r.jsonl"
     result = run_cli("query", "--db", data, SQL, "--format", "jsonl", "--output", str(out))
     assert result.returncode == 0, result.stderr
+    assert "2 rows written to" in result.stdout
     assert [json.loads(line) for line in out.read_text().splitlines()] == EXPECTED
     out_csv = tmp_path / "r.csv"
-    assert run_cli("query", "--db", data, SQL, "--format", "csv", "--output", str(out_csv)).returncode == 0
+    assert cli("query", "--db", data, SQL, "--format", "csv", "--output", str(out_csv)).returncode == 0
     with open(out_csv, newline="") as fh:
         rows = list(csv.reader(fh))
     assert rows == [["t", "v", "n", "ok", "s", "time"],
                     ["a", "9.5", "3", "true", "", "2024-01-01T00:00:00.000000005Z"],
                     ["b", "2.5", "", "", "x,y", "2024-01-01T00:00:00.000001Z"]]
     # Rerunning replaces what iox-batch wrote.
-    assert run_cli("query", "--db", data, SQL, "--format", "csv", "--output", str(out_csv)).returncode == 0
+    assert cli("query", "--db", data, SQL, "--format", "csv", "--output", str(out_csv)).returncode == 0
 
 
 def test_parquet_folder_with_microsecond_timestamps(spark: Any, data: str, tmp_path: Path) -> None:
     out = tmp_path / "r.parquet"
-    result = run_cli("query", "--db", data, SQL, "--format", "parquet", "--output", str(out))
+    result = cli("query", "--db", data, SQL, "--format", "parquet", "--output", str(out))
     assert result.returncode == 0, result.stderr
     assert (out / ".iox-batch").exists()
     table = pq.read_table(out)
@@ -58,7 +59,7 @@ def test_parquet_folder_with_microsecond_timestamps(spark: Any, data: str, tmp_p
     rows = sorted(table.to_pylist(), key=lambda r: r["t"])
     assert [(r["t"], r["v"], r["time"].isoformat()) for r in rows] == [
         ("a", 9.5, "2024-01-01T00:00:00+00:00"), ("b", 2.5, "2024-01-01T00:00:00.000001+00:00")]
-    assert run_cli("query", "--db", data, SQL, "--format", "parquet", "--output", str(out)).returncode == 0
+    assert cli("query", "--db", data, SQL, "--format", "parquet", "--output", str(out)).returncode == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.parquet"]
 
 
@@ -66,12 +67,12 @@ def test_never_replaces_what_iox_batch_did_not_write(spark: Any, data: str, tmp_
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "keep.txt").write_text("mine")
-    result = run_cli("query", "--db", data, SQL, "--format", "parquet", "--output", str(precious))
+    result = cli("query", "--db", data, SQL, "--format", "parquet", "--output", str(precious))
     assert result.returncode != 0 and "not written by iox-batch" in result.stderr
     assert (precious / "keep.txt").read_text() == "mine" and len(list(precious.iterdir())) == 1
     file = tmp_path / "notes.jsonl"
     file.write_text("hand-written\n")
-    result = run_cli("query", "--db", data, SQL, "--format", "jsonl", "--output", str(file))
+    result = cli("query", "--db", data, SQL, "--format", "jsonl", "--output", str(file))
     assert result.returncode != 0 and file.read_text() == "hand-written\n"
 
 
@@ -92,7 +93,7 @@ def test_spark_submit_gives_the_same_rows_as_in_process(spark: Any, data: str, t
 
 
 def test_explain_analyze_shows_metrics(spark: Any, data: str) -> None:
-    result = run_cli("explain", "--analyze", "--db", data, "SELECT * FROM m")
+    result = cli("explain", "--analyze", "--db", data, "SELECT * FROM m")
     assert result.returncode == 0, result.stderr
     text = result.stdout
     assert "analyze: 2 result rows" in text
@@ -109,7 +110,7 @@ def test_explain_analyze_shows_metrics(spark: Any, data: str) -> None:
     (["--param", "novalue"], "NAME=VALUE"),
 ])
 def test_bad_query_options(catalog: Catalog, data: str, args: list[str], needle: str) -> None:
-    result = run_cli("query", "--db", data, "SELECT * FROM m", *args)
+    result = cli("query", "--db", data, "SELECT * FROM m", *args)
     assert result.returncode != 0 and needle in result.stderr, result.stderr
 
 
@@ -120,5 +121,5 @@ def test_bad_query_options(catalog: Catalog, data: str, args: list[str], needle:
     ("SELECT reflect('java.lang.Runtime', 'getRuntime') FROM m", "reflect"),
 ])
 def test_bad_sql_is_refused_before_spark(catalog: Catalog, data: str, sql: str, needle: str) -> None:
-    result = run_cli("query", "--db", data, sql)
+    result = cli("query", "--db", data, sql)
     assert result.returncode != 0 and needle in result.stderr, result.stderr
