@@ -17,7 +17,7 @@ import pytest
 
 from helpers import run_cli
 from iox_planner.catalog import Catalog
-from spark_helpers import load
+from spark_helpers import cli, load
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -59,7 +59,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
              "--webui-port", str(worker_web)], stdout=open(logs / "worker.log", "w"), stderr=subprocess.STDOUT,
             env=env, start_new_session=True))
         deadline = time.monotonic() + 90
-        while "Registered with master" not in (logs / "worker.log").read_text():
+        while "registered with master" not in (logs / "worker.log").read_text().lower():
             if time.monotonic() > deadline:
                 raise TimeoutError("the Spark worker did not register: " + (logs / "worker.log").read_text()[-2000:])
             time.sleep(0.5)
@@ -82,7 +82,7 @@ def test_standalone_cluster_gives_the_same_rows_as_local(cluster: str, spark: An
     ])
     sql = "SELECT t, v, w, time FROM m ORDER BY t"
     local_out, cluster_out = tmp_path / "local.jsonl", tmp_path / "cluster.jsonl"
-    local = run_cli("query", "--db", db, sql, "--format", "jsonl", "--output", str(local_out))
+    local = cli("query", "--db", db, sql, "--format", "jsonl", "--output", str(local_out))
     assert local.returncode == 0, local.stderr
     remote = run_cli("query", "--db", db, sql, "--format", "jsonl", "--output", str(cluster_out),
                      env={"IOX_SPARK_MASTER": cluster, "IOX_RUNNER": "spark-submit"})
