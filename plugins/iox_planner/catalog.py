@@ -55,7 +55,7 @@ partitions = sa.Table(
 
 
 def _chunk_table(name: str, *, parquet: bool) -> sa.Table:
-    cols = [
+    cols: list[sa.Column[Any]] = [
         sa.Column("id", sa.BigInteger, primary_key=True),
         sa.Column("object_id", pg.UUID(as_uuid=False), nullable=False),
         sa.Column("label", sa.Text),
@@ -403,7 +403,7 @@ class Catalog:
 
     def expired_chunks(self, conn: Connection, grace_seconds: float) -> list[tuple[ChunkKind, int, str, str]]:
         """Retired chunks past their grace period: (kind, id, store, path)."""
-        out = []
+        out: list[tuple[ChunkKind, int, str, str]] = []
         for kind, ct in CHUNK_TABLES.items():
             rows = conn.execute(sa.select(ct.c.id, ct.c.store, ct.c.path).where(
                 ct.c.to_delete.is_not(None),

@@ -1,0 +1,30 @@
+"""The package passes `mypy --strict` (configured in pyproject.toml), as the planner core must."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_mypy_strict() -> None:
+    result = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_core_imports_neither_spark_nor_airflow() -> None:
+    """Everything but the query-running CLI commands and the runner stays free of Spark and Airflow."""
+    code = (
+        "import sys\n"
+        "import iox_planner.catalog, iox_planner.ingest, iox_planner.scenario, iox_planner.planner, "
+        "iox_planner.cli, iox_planner.commands, iox_planner.output, iox_planner.dedup, iox_planner.show, "
+        "iox_planner.materialize\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'airflow', 'py4j'))\n"
+        "print(','.join(bad))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""
