@@ -164,6 +164,7 @@ class Strategy(str, Enum):
 
     ARROW = "arrow"
     SHARED = "shared"
+    WINDOW = "window"
     NODE = "node"
 
 
@@ -281,7 +282,8 @@ class ScanBuilder:
                 self._measure(dedups[0], result, rows_in=rows_in)
             return result
         merged_input = _union_all([self.build(d.child) for d in dedups])
-        result = deduplicate(merged_input, keys).select(*[_q(c) for c in schema])
+        merge = deduplicate_window if self.strategy is Strategy.WINDOW else deduplicate
+        result = merge(merged_input, keys).select(*[_q(c) for c in schema])
         if self.analyze:
             self._measure(dedups[0], result, rows_in=merged_input)
         return result
@@ -437,6 +439,24 @@ def deduplicate(df: DataFrame, keys: Sequence[str]) -> DataFrame:
     aggs.append(F.max(order).alias(CHUNK_ORDER))
     grouped = df.groupBy(*[F.col(_q(k)) for k in keys]).agg(*aggs)
     return grouped.select(*[_q(c) for c in df.columns])
+
+
+def deduplicate_window(df: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """The same semantics with window functions: per key, ordered by write order, each value column's last
+    non-null value over the whole key, one row kept."""
+    from pyspark.sql import Window
+
+    values = [c for c in df.columns if c not in keys and c != CHUNK_ORDER]
+    by_key = Window.partitionBy(*[F.col(_q(k)) for k in keys])
+    whole = by_key.orderBy(F.col(CHUNK_ORDER)).rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    newest_first = by_key.orderBy(F.col(CHUNK_ORDER).desc())
+    picked = df.select(
+        *[F.col(_q(k)) for k in keys],
+        *[F.last(F.col(_q(v)), ignorenulls=True).over(whole).alias(v) for v in values],
+        F.col(CHUNK_ORDER),
+        F.row_number().over(newest_first).alias("__rn"),
+    )
+    return picked.where("__rn = 1").select(*[_q(c) for c in df.columns])
 
 
 def _union_all(parts: Sequence[DataFrame]) -> DataFrame:

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warehouse", required=True)
     parser.add_argument("--format", required=True, choices=["csv", "jsonl", "parquet", "arrow"])
     parser.add_argument("--output", required=True)
-    parser.add_argument("--strategy", default=None, choices=["arrow", "shared", "node"],
+    parser.add_argument("--strategy", default=None, choices=["arrow", "shared", "window", "node"],
                         help="how dedups run (default: IOX_DEDUP_STRATEGY or arrow)")
     parser.add_argument("--metrics", help="write {\"rows\": N} here as JSON")
     args = parser.parse_args(argv)
