@@ -228,46 +228,41 @@ class UnionExec(PlanNode):
         return out
 
 
+class _Sorting(_Unary):
+    """What SortExec and SortPreservingMergeExec share: a non-empty sort over input columns, same schema."""
+
+    __slots__ = ()
+    sort: tuple[SortItem, ...]
+
+    def __post_init__(self) -> None:
+        if not self.sort:
+            raise _fail(self.name, "no sort expressions")
+        _check_columns(self.name, "sort columns", [s.column for s in self.sort], self.child.schema)
+
+    def with_child(self, child: PlanNode) -> PlanNode:
+        return type(self)(self.sort, child)  # type: ignore[call-arg]
+
+    @property
+    def schema(self) -> tuple[str, ...]:
+        return self.child.schema
+
+
 @dataclass(frozen=True, slots=True)
-class SortExec(_Unary):
+class SortExec(_Sorting):
     """Sorts all its input partitions into one sorted stream."""
 
     name: ClassVar[str] = "SortExec"
     sort: tuple[SortItem, ...]
     child: PlanNode
 
-    def __post_init__(self) -> None:
-        if not self.sort:
-            raise _fail(self.name, "no sort expressions")
-        _check_columns(self.name, "sort columns", [s.column for s in self.sort], self.child.schema)
-
-    def with_child(self, child: PlanNode) -> PlanNode:
-        return SortExec(self.sort, child)
-
-    @property
-    def schema(self) -> tuple[str, ...]:
-        return self.child.schema
-
 
 @dataclass(frozen=True, slots=True)
-class SortPreservingMergeExec(_Unary):
+class SortPreservingMergeExec(_Sorting):
     """Merges input partitions that are each sorted on `sort` into one sorted stream."""
 
     name: ClassVar[str] = "SortPreservingMergeExec"
     sort: tuple[SortItem, ...]
     child: PlanNode
-
-    def __post_init__(self) -> None:
-        if not self.sort:
-            raise _fail(self.name, "no sort expressions")
-        _check_columns(self.name, "sort columns", [s.column for s in self.sort], self.child.schema)
-
-    def with_child(self, child: PlanNode) -> PlanNode:
-        return SortPreservingMergeExec(self.sort, child)
-
-    @property
-    def schema(self) -> tuple[str, ...]:
-        return self.child.schema
 
 
 @dataclass(frozen=True, slots=True)
