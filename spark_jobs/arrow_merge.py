@@ -1,7 +1,7 @@
 """The Python-worker side of the ARROW dedup strategy: merge one dedup group's files into deduplicated rows.
 
-Runs inside Spark's Python workers (`mapInArrow`): each input row names a group's files (path, chunk order,
-whether it is an ingester chunk) and optional inclusive time bounds; the output is Arrow batches in the dedup
+Runs inside Spark's Python workers (`mapInArrow`): each input row is a group id; its spec names the group's files
+(path, chunk order, whether it is an ingester chunk) and optional inclusive time bounds; the output is Arrow batches in the dedup
 node's schema, with Spark's types (unsigned as DECIMAL(20, 0)).
 """
 
@@ -31,7 +31,9 @@ ARROW_TYPES: Mapping[str, pa.DataType] = {
 
 def read_group(files: Sequence[Sequence[Any]], columns: Sequence[str], types: Mapping[str, str],
                bounds: Sequence[int | None]) -> tuple[pa.Table, np.ndarray]:
-    """All rows of a group's files with `columns` (missing ones NULL) and each row's packed write order."""
+    """All rows of a group's files with `columns` (missing ones NULL) and each row's packed write order. Tags
+    are read dictionary-encoded (as Parquet stores them) with one dictionary across the group, so the merge
+    compares integers and never materializes tag strings it does not emit."""
     tables = []
     orders = []
     lo, hi = bounds
@@ -40,17 +42,22 @@ def read_group(files: Sequence[Sequence[Any]], columns: Sequence[str], types: Ma
         filters.append((TIME, ">=", lo))
     if hi is not None:
         filters.append((TIME, "<=", hi))
+    tags = [c for c in columns if types[c] == ColumnType.TAG.value]
     for path, order, ingester in files:
         present = set(pq.read_schema(path).names)
         wanted = [c for c in columns if c in present]
         if ingester:
             wanted.append(WRITE_SEQ)
-        table = pq.read_table(path, columns=wanted, filters=filters or None)
+        table = pq.read_table(path, columns=wanted, filters=filters or None,
+                              read_dictionary=[t for t in tags if t in present])
         arrays = []
         for name in columns:
             arrow_type = ARROW_TYPES[types[name]]
+            if name in tags:
+                arrow_type = pa.dictionary(pa.int32(), pa.string())
             if name in present:
-                arrays.append(table[name].cast(arrow_type))
+                column = table[name]
+                arrays.append(column if column.type == arrow_type else column.cast(arrow_type))
             else:
                 arrays.append(pa.nulls(table.num_rows, arrow_type))
         tables.append(pa.Table.from_arrays(arrays, names=list(columns)))
@@ -59,19 +66,31 @@ def read_group(files: Sequence[Sequence[Any]], columns: Sequence[str], types: Ma
             orders.append(base + table[WRITE_SEQ].to_numpy().astype(np.int64))
         else:
             orders.append(np.full(table.num_rows, base, dtype=np.int64))
-    return pa.concat_tables(tables), np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
+    table = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+    return table, np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
 
 
-def merge_groups(batches: Iterator[pa.RecordBatch], schema: Sequence[str], keys: Sequence[str],
-                 types: Mapping[str, str]) -> Iterator[pa.RecordBatch]:
-    stored = [c for c in schema if c != CHUNK_ORDER]
+def merge_groups(batches: Iterator[pa.RecordBatch], specs: Sequence[str], schema: Sequence[str],
+                 keys: Sequence[str], types: Mapping[str, str],
+                 output: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Merge each group whose id (column `id`, an index into `specs`) a batch holds. `output` (default: `schema`)
+    is what leaves the worker: only the columns
+    the plan reads above the dedup, since moving columns from Python to the JVM is the costly part. Value
+    columns nobody reads are not even read: columns merge independently."""
+    emit = list(output or schema)
+    stored = [c for c in schema if c != CHUNK_ORDER and (c in keys or c in emit)]
     present_keys = [k for k in keys if k in stored]
     for batch in batches:
-        for spec_text in batch.column("spec").to_pylist():
-            spec = json.loads(spec_text)
+        for group in batch.column("id").to_pylist():
+            spec = json.loads(specs[group])
             table, order = read_group(spec["files"], stored, types, spec["bounds"])
             merged, merged_order = deduplicate_table(table, present_keys, order)
-            columns = {name: merged[name] for name in stored}
-            columns[CHUNK_ORDER] = pa.array(merged_order, pa.int64())
-            out = pa.table({name: columns[name] for name in schema})
-            yield from out.to_batches(max_chunksize=65_536)
+            columns: dict[str, Any] = {}
+            for name in emit:
+                if name == CHUNK_ORDER:
+                    columns[name] = pa.array(merged_order, pa.int64())
+                elif pa.types.is_dictionary(merged[name].type):
+                    columns[name] = merged[name].cast(pa.string())
+                else:
+                    columns[name] = merged[name]
+            yield from pa.table(columns).to_batches(max_chunksize=65_536)

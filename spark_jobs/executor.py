@@ -259,7 +259,7 @@ class ScanBuilder:
                 shapes.setdefault(_signature(found[0]), []).append(found)
         parts = []
         for members in shapes.values():
-            df = self._dedups([dedup for _, dedup in members])
+            df = self._dedups([dedup for _, dedup in members], _chain_needs(members[0][0]))
             for wrapper in reversed(members[0][0]):
                 if isinstance(wrapper, ProjectionExec):
                     df = df.select(*[F.col(_q(c)) for c in wrapper.columns])
@@ -268,15 +268,16 @@ class ScanBuilder:
             parts.append(df)
         return _union_all([*parts, *plain])
 
-    def _dedups(self, dedups: Sequence[DeduplicateExec]) -> DataFrame:
+    def _dedups(self, dedups: Sequence[DeduplicateExec], needs: set[str] | None = None) -> DataFrame:
         """Several DeduplicateExec of one schema, evaluated as one step. Their keys never collide across them
-        (the planner splits only by partition and by non-overlapping time), so one merge gives the same rows."""
+        (the planner splits only by partition and by non-overlapping time), so one merge gives the same rows.
+        `needs` names the columns the plan reads above them (None: all)."""
         keys: list[str] = []
         for d in dedups:
             keys.extend(s.column for s in d.sort_key if s.column not in keys)
         schema = dedups[0].schema
         if self.strategy is Strategy.ARROW:
-            result = self._arrow_dedup(dedups, keys)
+            result = self._arrow_dedup(dedups, keys, needs)
             if self.analyze:
                 rows_in = _union_all([self.build(d.child) for d in dedups])
                 self._measure(dedups[0], result, rows_in=rows_in)
@@ -288,8 +289,10 @@ class ScanBuilder:
             self._measure(dedups[0], result, rows_in=merged_input)
         return result
 
-    def _arrow_dedup(self, dedups: Sequence[DeduplicateExec], keys: Sequence[str]) -> DataFrame:
-        """One Spark task per dedup group: read its files with pyarrow, merge vectorized, emit Arrow batches."""
+    def _arrow_dedup(self, dedups: Sequence[DeduplicateExec], keys: Sequence[str],
+                     needs: set[str] | None = None) -> DataFrame:
+        """One Spark task per dedup group: read its files with pyarrow, merge vectorized, emit Arrow batches of
+        the columns read above (plus those the filters after the merge read)."""
         schema = dedups[0].schema
         specs = []
         after: list[str] = []
@@ -307,11 +310,21 @@ class ScanBuilder:
             # Below a dedup only key columns are filtered, and such a filter commutes with the dedup: apply the
             # filters after the merge (the workers only use their time bounds to skip rows early).
             after.extend(p for p in predicates if p not in after)
-        out_schema = self.schema_for(schema)
+        if needs is None:
+            output = list(schema)
+        else:
+            from iox_planner.planner.predicate import columns_of, parse_predicate
+
+            wanted = set(needs)
+            for predicate in after:
+                wanted |= columns_of(parse_predicate(predicate))
+            output = [c for c in schema if c in wanted]
+        out_schema = self.schema_for(output)
         types = {n: self.columns.get(n, ColumnType.STRING) for n in schema if n != CHUNK_ORDER}
-        merge = _arrow_merger(list(schema), list(keys), {n: t.value for n, t in types.items()})
-        groups = self.spark.sparkContext.parallelize(list(enumerate(specs)), max(1, len(specs)))
-        frame = self.spark.createDataFrame(groups, "gid INT, spec STRING")
+        merge = _arrow_merger(specs, list(schema), list(keys), {n: t.value for n, t in types.items()}, output)
+        # One partition per group, made in the JVM (spark.range): the specs travel inside the function, so no
+        # Python-side RDD and no shuffle stand between the plan and the workers.
+        frame = self.spark.range(0, len(specs), 1, numPartitions=max(1, len(specs)))
         result = frame.mapInArrow(merge, out_schema)
         for predicate in after:
             result = result.where(predicate)
@@ -400,16 +413,30 @@ def _time_bounds(predicates: Sequence[str]) -> list[int | None]:
     return [lo, hi]
 
 
-def _arrow_merger(schema: list[str], keys: list[str], types: dict[str, str]) -> Any:
-    """The function Spark runs in its Python workers for each batch of group specs (it must be picklable: it
+def _arrow_merger(specs: list[str], schema: list[str], keys: list[str], types: dict[str, str],
+                  output: list[str]) -> Any:
+    """The function Spark runs in its Python workers for each batch of group ids (it must be picklable: it
     closes over plain lists and dicts only)."""
 
     def merge(batches: Iterator[Any]) -> Iterator[Any]:
         from spark_jobs.arrow_merge import merge_groups
 
-        yield from merge_groups(batches, schema, keys, types)
+        yield from merge_groups(batches, specs, schema, keys, types, output)
 
     return merge
+
+
+def _chain_needs(chain: Sequence[PlanNode]) -> set[str] | None:
+    """The columns a chain of projections and filters (top first) reads from the dedup below it."""
+    if not chain:
+        return None
+    needs = set(chain[0].schema)
+    for node in chain:
+        if isinstance(node, FilterExec):
+            from iox_planner.planner.predicate import columns_of
+
+            needs |= columns_of(node.predicate)
+    return needs
 
 
 def _chunk_order(chunks: Sequence[Chunk], ingester: bool) -> Column:
