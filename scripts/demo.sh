@@ -24,3 +24,15 @@ iox-batch explain --db demo "$QUERY"
 
 step "the deduplicated rows (Spark, local): C5's SJ@600 replaces C4's, every other point stays"
 iox-batch query --db demo "$QUERY"
+
+step "the same query as a triggered Airflow run: airflow dags test iox_query"
+python dags/iox_airflow/setup_airflow.py
+OUT="$PWD/output/demo_h2o.jsonl"
+mkdir -p output
+CONF=$(python -c 'import json, sys; print(json.dumps({"db": "demo", "sql": sys.argv[1], "output": sys.argv[2], "format": "jsonl"}))' "$QUERY" "$OUT")
+if ! airflow dags test iox_query -c "$CONF" > .iox/airflow/demo-dags-test.log 2>&1; then
+    tail -40 .iox/airflow/demo-dags-test.log
+    echo "iox_query failed; its whole log is in .iox/airflow/demo-dags-test.log" >&2
+    exit 1
+fi
+cat "$OUT"

@@ -111,10 +111,13 @@ def session_conf(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def build_session(master: str | None = None, app: str = "iox-batch",
                   conf: Mapping[str, str] | None = None) -> SparkSession:
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    master = master or os.environ.get("IOX_SPARK_MASTER") or "local[*]"
+    if master.startswith("local"):
+        # Only a local driver may bind to loopback: a cluster's executors must reach a client-mode driver.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must run this interpreter: it has pyarrow and the iox-batch packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app).master(master or os.environ.get("IOX_SPARK_MASTER") or "local[*]")
+    builder = SparkSession.builder.appName(app).master(master)
     for key, value in session_conf(conf).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -1,0 +1,286 @@
+"""Materialized query definitions: one YAML file each in `dags/materialized/` (IOX_MATERIALIZED_DIR), one DAG
+each. Reading them touches no database: a DAG file can build its DAGs at import time.
+
+```yaml
+name: cpu_hourly                  # DAG id materialize_cpu_hourly; lowercase letters, digits, '_'
+description: Hourly CPU rollup    # optional
+db: tsbs                          # the database the query reads
+sql: |                            # any SELECT; the run's data interval is applied as its time range
+  SELECT hostname, date_trunc('hour', time) AS time, avg(usage_user) AS usage_user
+  FROM cpu GROUP BY hostname, date_trunc('hour', time)
+args: {}                          # optional bound parameters (:name in the SQL)
+schedule: "@hourly"               # a cron expression or preset; each run covers one interval [start, end)
+start_date: 2024-01-01            # UTC; a date or an RFC 3339 time
+end_date: null                    # optional
+catchup: false                    # optional, default false
+output: cpu_hourly/{start:%Y-%m-%dT%H}.parquet   # per interval: {start}, {end} (UTC datetimes), {name};
+                                  # relative paths live under IOX_OUTPUT_ROOT; must use {start}
+format: parquet                   # parquet (a folder, default), csv or jsonl (a file)
+register_as:                      # optional: also write the result as a catalog table
+  table: cpu_hourly               # in `db` unless `db:` is given here
+  tags: [hostname]                # the result's columns that are tags; `time` is required; the rest are fields
+max_spark_jobs: 2                 # optional fan-out override (IOX_MAX_SPARK_JOBS)
+retries: 1                        # optional Spark task retries (IOX_SPARK_RETRIES)
+paused: true                      # optional: the DAG starts paused (false: not; absent: Airflow's default)
+tags: [rollup]                    # optional Airflow tags
+```
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from iox_planner.catalog import check_db_name
+from iox_planner.errors import BadInputError
+from iox_planner.timeutil import parse_time
+
+from .query_request import QueryRequest, RegisterAs, ResultFormat
+from .settings import AirflowSettings
+
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+TEMPLATE_FIELDS = frozenset({"start", "end", "name"})
+KEYS = frozenset({
+    "name", "description", "db", "sql", "args", "schedule", "start_date", "end_date", "catchup", "output",
+    "format", "register_as", "max_spark_jobs", "retries", "paused", "tags",
+})
+_PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@weekly": "0 0 * * 0",
+            "@monthly": "0 0 1 * *", "@quarterly": "0 0 1 */3 *", "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *"}
+_SAMPLE = (dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
+           dt.datetime(2024, 1, 2, 4, 4, 5, tzinfo=dt.timezone.utc))
+
+
+@dataclass(frozen=True)
+class MaterializedQuery:
+    name: str
+    db: str
+    sql: str
+    schedule: str
+    start_date: dt.datetime
+    output: str
+    format: ResultFormat = ResultFormat.PARQUET
+    catchup: bool = False
+    end_date: dt.datetime | None = None
+    args: Mapping[str, Any] = field(default_factory=dict)
+    register_as: RegisterAs | None = None
+    max_spark_jobs: int | None = None
+    retries: int | None = None
+    paused: bool | None = None
+    """True/false: the DAG starts paused or not; None (absent): Airflow's dags_are_paused_at_creation."""
+    description: str = ""
+    tags: tuple[str, ...] = ()
+    source: str = ""
+
+    @property
+    def dag_id(self) -> str:
+        return f"materialize_{self.name}"
+
+    @property
+    def cron(self) -> str:
+        return _PRESETS.get(self.schedule, self.schedule)
+
+    def output_path(self, start: dt.datetime, end: dt.datetime, settings: AirflowSettings) -> Path:
+        """The output of the interval [start, end)."""
+        return settings.resolve_output(self.output.format_map({"start": _utc(start), "end": _utc(end),
+                                                               "name": self.name}))
+
+    def output_pattern(self, settings: AirflowSettings) -> Path:
+        """Every interval's output: the template with its fields as `*` (the Asset's URI)."""
+        parts = []
+        for literal, name, _, _ in string.Formatter().parse(self.output):
+            parts.append(literal)
+            if name is not None:
+                parts.append("*")
+        return settings.resolve_output("".join(parts))
+
+    def request(self, start: dt.datetime, end: dt.datetime, settings: AirflowSettings) -> QueryRequest:
+        """What the run of the interval [start, end) computes: the query over exactly that time range."""
+        lo, hi = to_ns(start), to_ns(end)
+        return QueryRequest(
+            db=self.db, sql=self.sql, output=self.output_path(start, end, settings), format=self.format,
+            args=dict(self.args), time_start=lo, time_end=hi, definition=self.name, register_as=self.register_as,
+            max_spark_jobs=self.max_spark_jobs,
+        )
+
+
+def to_ns(value: dt.datetime) -> int:
+    """A datetime (naive = UTC) as nanoseconds since the epoch, exactly."""
+    delta = _utc(value) - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+
+
+def load_definitions(folder: Path) -> list[MaterializedQuery]:
+    """Every `*.yaml` definition of `folder`, in file-name order; names must be unique."""
+    if not folder.is_dir():
+        return []
+    found: list[MaterializedQuery] = []
+    names: dict[str, str] = {}
+    for path in sorted(folder.glob("*.yaml")):
+        definition = read_definition(path)
+        if definition.name in names:
+            raise BadInputError(f"{path}: name {definition.name!r} is already used by {names[definition.name]}; "
+                                "each materialized query needs its own name")
+        names[definition.name] = str(path)
+        found.append(definition)
+    return found
+
+
+def read_definition(path: Path) -> MaterializedQuery:
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise BadInputError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from err
+    return parse_definition(doc, str(path))
+
+
+def parse_definition(doc: Any, source: str) -> MaterializedQuery:
+    def fail(key: str, message: str) -> BadInputError:
+        return BadInputError(f"{source}: `{key}`: {message}")
+
+    if not isinstance(doc, Mapping):
+        raise BadInputError(f"{source}: a materialized query definition is a YAML mapping (name, db, sql, "
+                            "schedule, start_date, output, ...)")
+    unknown = sorted(set(doc) - KEYS)
+    if unknown:
+        raise BadInputError(f"{source}: unknown key(s) {', '.join(map(str, unknown))}; allowed: "
+                            f"{', '.join(sorted(KEYS))}")
+    for key in ("name", "db", "sql", "schedule", "start_date", "output"):
+        if doc.get(key) in (None, ""):
+            raise fail(key, "is required")
+
+    name = doc["name"]
+    if not isinstance(name, str) or not NAME.match(name):
+        raise fail("name", f"{name!r} must be lowercase letters, digits and '_', starting with a letter")
+    try:
+        db = check_db_name(str(doc["db"]))
+    except BadInputError as err:
+        raise fail("db", str(err)) from err
+    sql = doc["sql"]
+    if not isinstance(sql, str) or not sql.strip():
+        raise fail("sql", "must be the text of a SELECT")
+    schedule = _schedule(doc["schedule"], fail)
+    start_date = _when(doc["start_date"], "start_date", fail)
+    end_date = _when(doc["end_date"], "end_date", fail) if doc.get("end_date") is not None else None
+    if end_date is not None and end_date <= start_date:
+        raise fail("end_date", "must be after start_date")
+    output = doc["output"]
+    if not isinstance(output, str):
+        raise fail("output", "must be a path template such as cpu_hourly/{start:%Y-%m-%dT%H}.parquet")
+    _check_template(output, fail)
+    try:
+        fmt = ResultFormat.parse(doc.get("format", "parquet"))
+    except BadInputError as err:
+        raise fail("format", str(err)) from err
+    args = doc.get("args") or {}
+    if not isinstance(args, Mapping):
+        raise fail("args", "must be a mapping of bound parameters (name: value)")
+    for key, value in args.items():
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise fail("args", f"{key}: must be a string, number, boolean or null")
+    catchup = doc.get("catchup", False)
+    paused = doc.get("paused")
+    for key, value in (("catchup", catchup), ("paused", paused)):
+        if value is not None and not isinstance(value, bool):
+            raise fail(key, f"must be true or false, not {value!r}")
+    return MaterializedQuery(
+        name=name, db=db, sql=sql, schedule=schedule, start_date=start_date, end_date=end_date, output=output,
+        format=fmt, catchup=catchup, args=dict(args), register_as=_register_as(doc.get("register_as"), fail),
+        max_spark_jobs=_count(doc.get("max_spark_jobs"), "max_spark_jobs", 1, fail),
+        retries=_count(doc.get("retries"), "retries", 0, fail), paused=paused,
+        description=str(doc.get("description") or ""), tags=_tags(doc.get("tags"), fail), source=source,
+    )
+
+
+def _schedule(value: Any, fail: Any) -> str:
+    from croniter import croniter
+
+    text = str(value).strip()
+    if text in _PRESETS:
+        return text
+    if not croniter.is_valid(text):
+        raise fail("schedule", f"{text!r} is not a cron expression or preset (@hourly, @daily, @weekly, "
+                               "@monthly, @yearly, or e.g. '*/15 * * * *'); materialized queries run on a schedule")
+    return text
+
+
+def _when(value: Any, key: str, fail: Any) -> dt.datetime:
+    if isinstance(value, dt.datetime):
+        return _utc(value)
+    if isinstance(value, dt.date):
+        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
+    try:
+        ns = parse_time(str(value), what=key)
+    except BadInputError as err:
+        raise fail(key, str(err)) from err
+    return dt.datetime.fromtimestamp(ns // 1_000_000_000, tz=dt.timezone.utc)
+
+
+def _check_template(template: str, fail: Any) -> None:
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as err:
+        raise fail("output", f"{template!r} is not a valid template: {err}") from err
+    unknown = sorted(f for f in fields if f.split(".")[0].split("[")[0] not in TEMPLATE_FIELDS)
+    if unknown:
+        raise fail("output", f"unknown field(s) {', '.join('{' + f + '}' for f in unknown)}; use {{start}}, "
+                             "{end} and {name}, e.g. {start:%Y-%m-%dT%H}")
+    if not any(f.startswith("start") for f in fields):
+        raise fail("output", "must use {start} (e.g. {start:%Y-%m-%d}) so that each interval has its own output; "
+                             "a rerun then replaces exactly its interval's output")
+    try:
+        rendered = template.format_map({"start": _SAMPLE[0], "end": _SAMPLE[1], "name": "x"})
+    except (ValueError, KeyError, AttributeError, IndexError) as err:
+        raise fail("output", f"{template!r} does not render: {err}") from err
+    if not rendered.strip() or rendered.endswith("/"):
+        raise fail("output", f"{template!r} must name a file (csv, jsonl) or folder (parquet), not end in '/'")
+
+
+def _register_as(value: Any, fail: Any) -> RegisterAs | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not value.get("table"):
+        raise fail("register_as", "must be a mapping with `table` (and `tags`, optionally `db`)")
+    unknown = sorted(set(value) - {"table", "tags", "db"})
+    if unknown:
+        raise fail("register_as", f"unknown key(s) {', '.join(unknown)}; allowed: table, tags, db")
+    table = str(value["table"])
+    if table.startswith("__") or not table.strip():
+        raise fail("register_as", f"table name {table!r} is not allowed")
+    tags = value.get("tags") or []
+    if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
+        raise fail("register_as", "`tags` must be a list of column names")
+    if "time" in tags:
+        raise fail("register_as", "`time` cannot be a tag")
+    db = value.get("db")
+    if db is not None:
+        try:
+            check_db_name(str(db))
+        except BadInputError as err:
+            raise fail("register_as", str(err)) from err
+    return RegisterAs(table=table, tags=tuple(tags), db=str(db) if db is not None else None)
+
+
+def _count(value: Any, key: str, low: int, fail: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise fail(key, f"must be a whole number of at least {low}, not {value!r}")
+    return value
+
+
+def _tags(value: Any, fail: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        raise fail("tags", "must be a list of strings")
+    return tuple(value)

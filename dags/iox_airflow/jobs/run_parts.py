@@ -1,0 +1,119 @@
+"""spark-submit entry point of a fanned-out plan (see iox_airflow/fanout.py).
+
+    spark-submit run_parts.py part  --plan part-0.json --warehouse DIR --output PARTS/0 --metrics m.json
+    spark-submit run_parts.py merge --plan plan.json --warehouse DIR --parts PARTS --format jsonl --output OUT \
+                                    --metrics m.json
+
+`part` evaluates the scan trees of a part plan (the deduplication happens here) and writes each scan's rows, time
+still int64 nanoseconds, as Parquet under `OUTPUT/<view>/`. `merge` reads every part of every scan back as that
+scan's view and runs the query's SQL over them, writing the result like `spark_jobs/run_plan.py` does (csv, jsonl,
+parquet, or arrow for the commit step to convert). Exit status 0 on success; on failure a one-paragraph
+`error: ...` on standard error and status 1, with nothing written at `--output`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="run_parts.py")
+    parser.add_argument("mode", choices=["part", "merge"])
+    parser.add_argument("--plan", required=True)
+    parser.add_argument("--warehouse", required=True)
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--metrics", required=True)
+    parser.add_argument("--parts", help="merge: the folder holding every part's output")
+    parser.add_argument("--format", default="parquet", choices=["csv", "jsonl", "parquet", "arrow"])
+    args = parser.parse_args(argv)
+
+    from iox_planner.errors import IoxError
+
+    try:
+        from iox_planner.planner.nodes import QueryPlan
+
+        from spark_jobs.executor import build_session, spark_errors
+
+        plan = QueryPlan.from_json(Path(args.plan).read_text())
+        spark = build_session(app=f"iox-batch {args.mode}")
+        with spark_errors():
+            rows = run_part(spark, plan, args) if args.mode == "part" else run_merge(spark, plan, args)
+        Path(args.metrics).write_text(json.dumps({"rows": rows}))
+        spark.stop()
+        return 0
+    except IoxError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+def run_part(spark: Any, plan: Any, args: argparse.Namespace) -> int:
+    """Each scan's rows of this part, written aside and then moved into place (a retry starts from nothing)."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.executor import ScanBuilder
+
+    output = Path(args.output)
+    tmp = output.with_name(f".{output.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(output, ignore_errors=True)
+    rows = 0
+    for scan, tree in zip(plan.scans, plan.children):
+        columns = {name: ctype for chunk in tree.scanned_chunks() for name, ctype in chunk.columns.items()}
+        columns.update(scan.columns)
+        df = ScanBuilder(spark, Path(args.warehouse), columns).build(tree)
+        # Exactly the scan tree's columns, in its order: what run_merge reads back with the scan's types.
+        df = df.select(*[F.col("`" + c.replace("`", "``") + "`") for c in tree.schema])
+        df.write.parquet(str(tmp / scan.view))
+        rows += spark.read.parquet(str(tmp / scan.view)).count()
+    tmp.rename(output)
+    return rows
+
+
+def run_merge(spark: Any, plan: Any, args: argparse.Namespace) -> int:
+    """The query's SQL over the parts: each scan's view is the union of its parts."""
+    from pyspark.sql import types as T
+
+    from iox_planner.model import CHUNK_ORDER, TIME
+    from spark_jobs.executor import SPARK_TYPES, to_view
+
+    if not args.parts:
+        raise SystemExit("merge needs --parts")
+    parts = sorted(p for p in Path(args.parts).iterdir() if p.is_dir() and not p.name.startswith("."))
+    for scan, tree in zip(plan.scans, plan.children):
+        types = dict(scan.columns)
+        schema = T.StructType([
+            T.StructField(name, T.LongType() if name == CHUNK_ORDER else SPARK_TYPES[types[name]], name != TIME)
+            for name in tree.schema
+        ])
+        folders = [str(p / scan.view) for p in parts if (p / scan.view).is_dir()]
+        df = spark.read.schema(schema).parquet(*folders) if folders else spark.createDataFrame([], schema)
+        to_view(df).createOrReplaceTempView(scan.view)
+    params = dict(plan.params)
+    result = spark.sql(plan.spark_sql, args=params) if params else spark.sql(plan.spark_sql)
+    return write_result(result, args.format, Path(args.output))
+
+
+def write_result(result: Any, fmt: str, output: Path) -> int:
+    """As spark_jobs/run_plan.py writes a result: a text or Parquet output, or an Arrow IPC file."""
+    from spark_jobs.executor import materialize, result_to_arrow
+
+    if fmt != "arrow":
+        return int(materialize(result, fmt, output, sys.stdout))
+    import pyarrow as pa
+
+    from iox_planner.output import staged_file
+
+    table = result_to_arrow(result)
+    with staged_file(output) as tmp:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    return int(table.num_rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

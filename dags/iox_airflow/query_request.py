@@ -1,0 +1,123 @@
+"""What one run computes, validated: a `QueryRequest`, built from `iox_query`'s params or from a materialized
+definition and a data interval. No Airflow and no catalog here: building a request only checks its shape."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from iox_planner.catalog import check_db_name
+from iox_planner.errors import BadInputError
+from iox_planner.materialize import RunKey
+from iox_planner.timeutil import INT64_MAX, INT64_MIN, check_range, format_time, parse_time
+
+from .settings import AirflowSettings
+
+PARAM_NAMES = ("db", "sql", "args", "time_start", "time_end", "output", "format")
+
+
+class ResultFormat(str, enum.Enum):
+    """Output formats of the DAGs (PRODUCT.md: `table` is for terminals only)."""
+
+    PARQUET = "parquet"
+    CSV = "csv"
+    JSONL = "jsonl"
+
+    @property
+    def is_folder(self) -> bool:
+        return self is ResultFormat.PARQUET
+
+    @staticmethod
+    def parse(value: object, where: str = "format") -> ResultFormat:
+        try:
+            return ResultFormat(value)
+        except ValueError:
+            allowed = ", ".join(f.value for f in ResultFormat)
+            raise BadInputError(f"{where} {value!r} is not an output format; use one of {allowed}") from None
+
+
+@dataclass(frozen=True)
+class RegisterAs:
+    """Also write the result as catalog table `table` (in `db`, default the query's database)."""
+
+    table: str
+    tags: tuple[str, ...] = ()
+    db: str | None = None
+
+
+@dataclass(frozen=True)
+class QueryRequest:
+    db: str
+    sql: str
+    output: Path
+    format: ResultFormat = ResultFormat.PARQUET
+    args: Mapping[str, Any] = field(default_factory=dict)
+    time_start: int | None = None
+    time_end: int | None = None
+    definition: str | None = None
+    """The materialized definition this run computes an interval of (None for triggered queries)."""
+    register_as: RegisterAs | None = None
+    max_spark_jobs: int | None = None
+
+    def __post_init__(self) -> None:
+        check_db_name(self.db)
+        if not isinstance(self.sql, str) or not self.sql.strip():
+            raise BadInputError("sql is empty; give the SELECT to run")
+        if not self.output.is_absolute():
+            raise BadInputError(f"output {self.output} must be an absolute path")
+        check_range(self.time_start, self.time_end)
+        for name, value in self.args.items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise BadInputError(f"bound parameter name {name!r} is not a valid name (letters, digits, '_')")
+            if value is not None and not isinstance(value, (str, int, float, bool)):
+                raise BadInputError(f"bound parameter :{name} must be a string, number, boolean or null, not "
+                                    f"{type(value).__name__}")
+        if self.register_as is not None and self.definition is None:
+            raise BadInputError("register_as is for materialized queries (it replaces an interval of a table)")
+
+    @staticmethod
+    def from_params(params: Mapping[str, Any], settings: AirflowSettings) -> QueryRequest:
+        """`iox_query`'s params (already checked against their JSON schema by Airflow; checked again here, since
+        a request can also come from code)."""
+        unknown = sorted(set(params) - set(PARAM_NAMES))
+        if unknown:
+            raise BadInputError(f"unknown param(s) {', '.join(unknown)}; iox_query takes {', '.join(PARAM_NAMES)}")
+        for required in ("db", "sql", "output"):
+            if not params.get(required):
+                raise BadInputError(f"param {required!r} is required")
+        args = params.get("args") or {}
+        if not isinstance(args, Mapping):
+            raise BadInputError(f"param 'args' must be an object of bound parameters, not {type(args).__name__}")
+        start = params.get("time_start")
+        end = params.get("time_end")
+        return QueryRequest(
+            db=str(params["db"]),
+            sql=str(params["sql"]),
+            output=settings.resolve_output(str(params["output"])),
+            format=ResultFormat.parse(params.get("format") or "parquet", "param format"),
+            args=dict(args),
+            time_start=parse_time(start, what="time_start") if start else None,
+            time_end=parse_time(end, what="time_end") if end else None,
+        )
+
+    def lock_key(self) -> RunKey:
+        """Materialized runs lock (definition, interval); triggered runs lock their output path, so two runs
+        never publish one output at once."""
+        if self.definition is not None and self.time_start is not None and self.time_end is not None:
+            return RunKey(self.definition, self.time_start, self.time_end)
+        return RunKey(f"output:{self.output}", INT64_MIN, INT64_MAX)
+
+    def as_params(self) -> dict[str, Any]:
+        """The request as recorded in the query run (times as RFC 3339)."""
+        out: dict[str, Any] = {
+            "db": self.db, "sql": self.sql, "args": dict(self.args),
+            "time_start": format_time(self.time_start) if self.time_start is not None else None,
+            "time_end": format_time(self.time_end) if self.time_end is not None else None,
+            "output": str(self.output), "format": self.format.value,
+        }
+        if self.register_as is not None:
+            out["register_as"] = {"db": self.register_as.db or self.db, "table": self.register_as.table,
+                                  "tags": list(self.register_as.tags)}
+        return out

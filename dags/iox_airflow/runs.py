@@ -1,0 +1,353 @@
+"""The steps of a query run that are not Spark: `plan` and `commit` (and `fail`). The DAGs' tasks call these and
+do nothing else; no Airflow import here, so the steps are plain functions of a request and a run identity.
+
+A run owns a staging folder beside its output (same filesystem, so publishing is a rename):
+`<output parent>/.<output name>.iox-run-<hash of dag id and run id>/` holding `plan.json`, the Spark result
+(`result.<format>`, or `result.arrow` when the commit step converts it), `metrics.json` (written by the Spark job
+last, on success only), and, when fanned out, `part-<k>.json` plans and `parts/<k>/`. The plan step recreates it;
+the commit step removes it whatever the outcome.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from iox_planner.errors import BadInputError, IoxError
+from iox_planner.timeutil import format_time
+
+from .query_request import QueryRequest, ResultFormat
+from .settings import AirflowSettings
+
+JOBS_DIR = Path(__file__).resolve().parent / "jobs"
+PARTS_JOB = JOBS_DIR / "run_parts.py"
+
+
+class RunFailed(Exception):
+    """A run step failed and has already recorded it (run marked failed, lock released, staging removed)."""
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    dag_id: str
+    run_id: str
+
+    @property
+    def holder(self) -> str:
+        return f"{self.dag_id}/{self.run_id}"
+
+
+@dataclass(frozen=True)
+class Staging:
+    root: Path
+
+    @staticmethod
+    def for_run(output: Path, run: RunIdentity) -> Staging:
+        digest = hashlib.sha1(f"{run.dag_id}\0{run.run_id}".encode()).hexdigest()[:16]
+        return Staging(output.parent / f".{output.name}.iox-run-{digest}")
+
+    @property
+    def plan_file(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.json"
+
+    @property
+    def parts(self) -> Path:
+        return self.root / "parts"
+
+    def result(self, spark_format: str) -> Path:
+        return self.root / ("result" if spark_format == "parquet" else f"result.{spark_format}")
+
+    def part_plan(self, k: int) -> Path:
+        return self.root / f"part-{k}.json"
+
+    def part_metrics(self, k: int) -> Path:
+        return self.root / f"part-{k}.metrics.json"
+
+    def reset(self) -> None:
+        self.remove()
+        self.root.mkdir(parents=True)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def errors(self) -> list[str]:
+        """What failed Spark jobs reported (their operator leaves `<metrics>.error` files)."""
+        if not self.root.is_dir():
+            return []
+        return [p.read_text().strip() for p in sorted(self.root.glob("*.error")) if p.read_text().strip()]
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """What the plan step hands on: Spark jobs to map over, the merge job (None: not fanned out), a summary."""
+
+    query_run: int
+    staging: str
+    jobs: list[dict[str, Any]]
+    merge: list[str] | None
+    summary: dict[str, Any]
+    merge_fast_start: bool = False
+
+    def handle(self) -> dict[str, Any]:
+        return {"query_run": self.query_run, "staging": self.staging}
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    query_run: int
+    output: str
+    rows: int
+    registered: dict[str, Any] | None = None
+
+
+def _catalog() -> Any:
+    from iox_planner.catalog import Catalog
+
+    catalog = Catalog()
+    catalog.require_schema()
+    return catalog
+
+
+def spark_format(request: QueryRequest) -> str:
+    """What the Spark job writes: the requested format, or Arrow when the commit step must also register the
+    rows as a table (it then writes the requested format itself)."""
+    return "arrow" if request.register_as is not None else request.format.value
+
+
+def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> PlanOutcome:
+    """Record the run, plan against the catalog, take the run lock and write the plan and the Spark jobs' inputs
+    into the run's staging folder. Bad input fails here with a clear message: the run is marked failed and
+    nothing is written anywhere else."""
+    from iox_planner import materialize as mat
+    from iox_planner.catalog import CatalogSource
+    from iox_planner.output import check_destination
+    from iox_planner.planner import PlannerSettings, plan_query
+
+    catalog = _catalog()
+    staging = Staging.for_run(request.output, run)
+    run_pk = mat.start_run(
+        catalog, database=request.db, params=request.as_params(), dag_id=run.dag_id, run_id=run.run_id,
+        definition=request.definition, interval=(request.time_start, request.time_end), output=str(request.output),
+    )
+    key = request.lock_key()
+    try:
+        if request.definition is not None or request.output.is_relative_to(settings.output_root):
+            # A materialization owns its output tree (interval folders appear), and IOX_OUTPUT_ROOT is ours;
+            # anywhere else the folder must exist, as for `iox-batch query --output`.
+            request.output.parent.mkdir(parents=True, exist_ok=True)
+        check_destination(request.output, folder=request.format.is_folder)
+        query_plan = plan_query(request.sql, CatalogSource(catalog, request.db), params=dict(request.args),
+                                time_start=request.time_start, time_end=request.time_end,
+                                settings=PlannerSettings.from_env())
+        mat.acquire_lock(catalog, key, run.holder, query_run=run_pk, ttl_seconds=settings.run_lock_ttl_s)
+        staging.reset()
+        staging.plan_file.write_text(query_plan.to_json())
+        mat.record_plan(catalog, run_pk, query_plan.to_dict())
+        jobs, merge = _spark_jobs(query_plan, request, staging, settings)
+        summary = plan_summary(query_plan)
+        summary["spark_jobs"] = len(jobs) + (1 if merge else 0)
+        return PlanOutcome(run_pk, str(staging.root), jobs, merge, summary,
+                           merge_fast_start=summary["rows_estimated"] <= settings.spark_fast_start_rows)
+    except BaseException as err:
+        message = str(err) if isinstance(err, IoxError) else f"internal error while planning: {err!r}"
+        _record_failure(catalog, run_pk, key, run, staging, message)
+        if isinstance(err, IoxError):
+            raise RunFailed(message) from err
+        raise
+    finally:
+        catalog.dispose()
+
+
+def _spark_jobs(query_plan: Any, request: QueryRequest, staging: Staging,
+                settings: AirflowSettings) -> tuple[list[dict[str, Any]], list[str] | None]:
+    from iox_planner.config import project_root, warehouse
+
+    from .fanout import split_plan
+
+    fmt = spark_format(request)
+    wh = str(warehouse())
+    result = str(staging.result(fmt))
+    parts = split_plan(query_plan, request.max_spark_jobs or settings.max_spark_jobs)
+    if not parts:
+        return [{
+            "application": str(project_root() / "spark_jobs" / "run_plan.py"),
+            "application_args": ["--plan", str(staging.plan_file), "--warehouse", wh, "--format", fmt,
+                                 "--output", result, "--metrics", str(staging.metrics)],
+            "fast_start": _rows(query_plan) <= settings.spark_fast_start_rows,
+        }], None
+    staging.parts.mkdir()
+    jobs = []
+    for k, part in enumerate(parts):
+        staging.part_plan(k).write_text(part.to_json())
+        jobs.append({
+            "application": str(PARTS_JOB),
+            "application_args": ["part", "--plan", str(staging.part_plan(k)), "--warehouse", wh,
+                                 "--output", str(staging.parts / str(k)), "--metrics", str(staging.part_metrics(k))],
+            "fast_start": _rows(part) <= settings.spark_fast_start_rows,
+        })
+    merge = ["merge", "--plan", str(staging.plan_file), "--warehouse", wh, "--parts", str(staging.parts),
+             "--format", fmt, "--output", result, "--metrics", str(staging.metrics)]
+    return jobs, merge
+
+
+def _rows(query_plan: Any) -> int:
+    """Rows the plan's chunks hold (before deduplication): the size estimate behind `fast_start`."""
+    return sum(c.rows or 0 for c in query_plan.chunks().values())
+
+
+def plan_summary(query_plan: Any) -> dict[str, Any]:
+    """Small enough for XCom: what pruning did, how many dedups, how many rows the scanned chunks hold."""
+    from iox_planner.planner.nodes import DeduplicateExec
+
+    chunks = query_plan.chunks()
+    return {
+        "scans": len(query_plan.scans),
+        "partitions_considered": sum(p.partitions_considered for p in query_plan.pruning),
+        "partitions_pruned": sum(p.partitions_pruned for p in query_plan.pruning),
+        "chunks_considered": sum(p.chunks_considered for p in query_plan.pruning),
+        "chunks_pruned": sum(p.chunks_pruned for p in query_plan.pruning),
+        "chunks_scanned": len(chunks),
+        "dedup_groups": sum(1 for tree in query_plan.children for node in tree.walk()
+                            if isinstance(node, DeduplicateExec)),
+        "rows_estimated": sum(c.rows or 0 for c in chunks.values()),
+    }
+
+
+def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -> CommitOutcome:
+    """Publish the staged result at the output (atomically, by output.py's rules) and, for `register_as`, write
+    it as a catalog table too; record the run as succeeded and release its lock, all in one catalog transaction
+    that first checks the lock is still ours. Any failure: the run is marked failed, nothing is published."""
+    from iox_planner import materialize as mat
+
+    catalog = _catalog()
+    staging = Staging(Path(handle["staging"]))
+    run_pk = int(handle["query_run"])
+    key = request.lock_key()
+    done = mat.get_run(catalog, run_pk)
+    if done is not None and done["status"] == mat.RunStatus.SUCCESS.value and not staging.root.exists():
+        catalog.dispose()  # this commit already happened (the task was cleared and ran again): nothing to do
+        return CommitOutcome(run_pk, str(request.output), int(done["row_count"] or 0), None)
+    try:
+        fmt = spark_format(request)
+        if not staging.metrics.exists():
+            raise BadInputError(f"the Spark job left no result in {staging.root}; it did not finish")
+        rows = int(json.loads(staging.metrics.read_text())["rows"])
+        registered = None
+        with catalog.engine.begin() as conn:
+            mat.check_lock(conn, key, run.holder)
+            if fmt == "arrow":
+                rows, registered = _publish_from_arrow(catalog, conn, request, staging.result(fmt))
+            else:
+                _publish(staging.result(fmt), request.output, request.format)
+            mat.finish_run(catalog, run_pk, mat.RunStatus.SUCCESS, row_count=rows, conn=conn)
+            mat.release_lock(catalog, key, run.holder, conn=conn)
+        staging.remove()
+        return CommitOutcome(run_pk, str(request.output), rows, registered)
+    except BaseException as err:
+        message = str(err) if isinstance(err, IoxError) else f"internal error while publishing: {err!r}"
+        _record_failure(catalog, run_pk, key, run, staging, message)
+        if isinstance(err, IoxError):
+            raise RunFailed(message) from err
+        raise
+    finally:
+        catalog.dispose()
+
+
+def fail(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any] | None, reason: str) -> str:
+    """An upstream task failed: record the run as failed (with the Spark job's own error where it left one),
+    release the lock, remove the staging folder. Returns the message recorded."""
+    staging = Staging(Path(handle["staging"])) if handle else Staging.for_run(request.output, run)
+    errors = staging.errors()
+    message = "; ".join(errors) if errors else reason
+    if handle is None:  # the plan step never finished: it recorded its own failure
+        staging.remove()
+        return message
+    catalog = _catalog()
+    try:
+        _record_failure(catalog, int(handle["query_run"]), request.lock_key(), run, staging, message)
+    finally:
+        catalog.dispose()
+    return message
+
+
+def reject(params: Mapping[str, Any], run: RunIdentity, message: str) -> None:
+    """Params that do not even make a request: record the run as failed with the params as given."""
+    from iox_planner import materialize as mat
+
+    catalog = _catalog()
+    try:
+        run_pk = mat.start_run(catalog, database=str(params.get("db") or ""), params=params, dag_id=run.dag_id,
+                               run_id=run.run_id, output=str(params.get("output") or "") or None)
+        mat.finish_run(catalog, run_pk, mat.RunStatus.FAILED, error=message)
+    finally:
+        catalog.dispose()
+
+
+def _record_failure(catalog: Any, run_pk: int, key: Any, run: RunIdentity, staging: Staging, message: str) -> None:
+    from iox_planner import materialize as mat
+
+    try:
+        mat.finish_run(catalog, run_pk, mat.RunStatus.FAILED, error=message)
+        mat.release_lock(catalog, key, run.holder)
+    finally:
+        staging.remove()
+
+
+def _publish(staged: Path, output: Path, fmt: ResultFormat) -> None:
+    """Move the staged result over the output: a rename on the same filesystem, by output.py's marker rules."""
+    from iox_planner.output import staged_file, staged_folder
+
+    if not staged.exists():
+        raise BadInputError(f"the staged result {staged} is missing; the Spark job did not write it")
+    publish = staged_folder if fmt.is_folder else staged_file
+    with publish(output) as tmp:
+        os.replace(staged, tmp)
+
+
+def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, staged: Path) -> tuple[int, dict[str, Any]]:
+    """Register the rows as the catalog table (replacing the interval) and write the requested format."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from iox_planner import materialize as mat
+    from iox_planner.config import warehouse
+    from iox_planner.output import (
+        OutputFormat, arrow_for_parquet, finish_columns, staged_folder, write_text_output,
+    )
+
+    assert request.register_as is not None and request.time_start is not None and request.time_end is not None
+    with pa.memory_map(str(staged)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    table, ns_cols = finish_columns(table)
+    target = request.register_as
+    db = target.db or request.db
+    written: list[Path] = []
+    try:
+        result = mat.register_interval(catalog, db, target.table, table, tags=target.tags,
+                                       interval=(request.time_start, request.time_end), conn=conn,
+                                       warehouse=warehouse(), written=written)
+        if request.format is ResultFormat.PARQUET:
+            with staged_folder(request.output) as tmp:
+                tmp.mkdir()
+                pq.write_table(arrow_for_parquet(table, ns_cols), tmp / "part-00000.parquet")
+        else:
+            write_text_output(table, ns_cols, OutputFormat(request.format.value), request.output, sys.stdout)
+    except BaseException:
+        for path in written:  # the transaction will not commit: its files go too
+            path.unlink(missing_ok=True)
+        raise
+    registered = {"db": db, "table": target.table, "files": len(result.files), "rows": result.rows,
+                  "retired": result.retired, "interval_start": format_time(request.time_start),
+                  "interval_end": format_time(request.time_end)}
+    return table.num_rows, registered
+

@@ -1,0 +1,86 @@
+"""Settings of the Airflow layer, from `IOX_*` environment variables, validated once into a frozen dataclass.
+
+| variable | default | what |
+|---|---|---|
+| `IOX_MAX_SPARK_JOBS` | 1 | fan-out: the plan task may split deduplicated scans into at most this many Spark jobs |
+| `IOX_SPARK_RETRIES` | 1 | retries of a failed Spark task (each retry reruns cleanly) |
+| `IOX_SPARK_RETRY_DELAY_S` | 30 | seconds between them |
+| `IOX_SPARK_FAST_START_ROWS` | 1000000 | Spark jobs over at most this many rows start for latency (0: never) |
+| `IOX_RUN_LOCK_TTL_S` | 21600 | a run lock whose holder died is taken over after this long |
+| `IOX_PERSIST_CHUNK_THRESHOLD` | 10 | the maintenance DAG persists partitions with at least this many ingester chunks |
+| `IOX_PERSIST_SCHEDULE` | `*/30 * * * *` | when it looks |
+| `IOX_PERSIST_DATABASES` | (all) | comma-separated databases it looks at |
+| `IOX_OUTPUT_ROOT` | `<project>/output` | where relative output paths (params, definitions) resolve |
+| `IOX_MATERIALIZED_DIR` | `dags/materialized` | the folder of materialized query definitions (`*.yaml`) |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Mapping
+
+from iox_planner.config import project_root
+from iox_planner.errors import BadInputError
+
+
+@dataclass(frozen=True)
+class AirflowSettings:
+    max_spark_jobs: int = 1
+    spark_retries: int = 1
+    spark_retry_delay_s: int = 30
+    spark_fast_start_rows: int = 1_000_000
+    run_lock_ttl_s: int = 6 * 3600
+    persist_chunk_threshold: int = 10
+    persist_schedule: str = "*/30 * * * *"
+    persist_databases: tuple[str, ...] = ()
+    output_root: Path = Path("output")
+    materialized_dir: Path = Path("dags/materialized")
+
+    def __post_init__(self) -> None:
+        minimum = {"max_spark_jobs": 1, "spark_retries": 0, "spark_retry_delay_s": 0, "spark_fast_start_rows": 0,
+                   "run_lock_ttl_s": 1, "persist_chunk_threshold": 1}
+        for name, low in minimum.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise BadInputError(f"IOX_{name.upper()} must be a whole number of at least {low}, got {value!r}")
+        if not self.persist_schedule.strip():
+            raise BadInputError("IOX_PERSIST_SCHEDULE must be a cron expression such as '*/30 * * * *'")
+
+    @staticmethod
+    def from_env(environ: Mapping[str, str] | None = None) -> AirflowSettings:
+        env = os.environ if environ is None else environ
+        root = project_root()
+        values: dict[str, object] = {
+            "output_root": _path(env.get("IOX_OUTPUT_ROOT"), root / "output", root),
+            "materialized_dir": _path(env.get("IOX_MATERIALIZED_DIR"), root / "dags" / "materialized", root),
+        }
+        for f in fields(AirflowSettings):
+            var = f"IOX_{f.name.upper()}"
+            if f.name in values or var not in env:
+                continue
+            text = env[var].strip()
+            if f.name == "persist_schedule":
+                values[f.name] = text
+                continue
+            if f.name == "persist_databases":
+                values[f.name] = tuple(name.strip() for name in text.split(",") if name.strip())
+                continue
+            try:
+                values[f.name] = int(text)
+            except ValueError:
+                raise BadInputError(f"{var}={text!r} is not a whole number") from None
+        return AirflowSettings(**values)  # type: ignore[arg-type]
+
+    def resolve_output(self, path: str | Path) -> Path:
+        """An output path as given (params, definitions): absolute as is, relative under `output_root`."""
+        p = Path(path).expanduser()
+        return (p if p.is_absolute() else self.output_root / p).resolve()
+
+
+def _path(value: str | None, default: Path, root: Path) -> Path:
+    if not value:
+        return default.resolve()
+    p = Path(value).expanduser()
+    return (p if p.is_absolute() else root / p).resolve()

@@ -1,0 +1,68 @@
+"""`iox_persist`: persists partitions whose ingester chunks pile up, so nobody has to run `iox-batch persist`.
+
+Every IOX_PERSIST_SCHEDULE (default every 30 minutes) it finds the partitions holding at least
+IOX_PERSIST_CHUNK_THRESHOLD (default 10) live ingester chunks (in the databases IOX_PERSIST_DATABASES names,
+default all) and persists their tables, one mapped task per (database, table): a table that cannot be persisted
+fails its own task and not the others.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from airflow.sdk import DAG, task
+
+from iox_airflow.settings import AirflowSettings
+
+SETTINGS = AirflowSettings.from_env()
+
+with DAG(
+    dag_id="iox_persist",
+    description="Persist partitions whose ingester chunks pile up",
+    schedule=SETTINGS.persist_schedule,
+    start_date=dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc),
+    catchup=False,
+    max_active_runs=1,
+    tags=["iox-batch", "maintenance"],
+    doc_md=__doc__,
+):
+
+    @task
+    def find_piles() -> list[dict[str, Any]]:
+        from iox_planner.catalog import Catalog
+        from iox_planner.materialize import piled_up_partitions, tables_to_persist
+
+        settings = AirflowSettings.from_env()
+        threshold = settings.persist_chunk_threshold
+        catalog = Catalog()
+        try:
+            catalog.require_schema()
+            piles = piled_up_partitions(catalog, threshold, settings.persist_databases)
+        finally:
+            catalog.dispose()
+        for pile in piles:
+            print(f"{pile.db}.{pile.table} {pile.partition}: {pile.chunks} ingester chunks (threshold {threshold})")
+        return [{"db": db, "table": table} for db, table in tables_to_persist(piles)]
+
+    @task(map_index_template="{{ persist_target }}")
+    def persist_table(target: dict[str, Any]) -> list[dict[str, Any]]:
+        from airflow.sdk import get_current_context
+
+        from iox_planner import ingest
+        from iox_planner.catalog import Catalog
+
+        context: Any = get_current_context()
+        context["persist_target"] = f"{target['db']}.{target['table']}"  # the mapped task's label
+
+        catalog = Catalog()
+        try:
+            results = ingest.persist(catalog, target["db"], table=target["table"])
+        finally:
+            catalog.dispose()
+        for r in results:
+            print(f"persisted {target['db']}.{r.table} {r.partition}: {r.chunks_in} chunks, {r.rows_in} rows -> "
+                  f"{r.file_id} with {r.rows_out} rows (order {r.order})")
+        return [{"partition": r.partition, "chunks_in": r.chunks_in, "rows_out": r.rows_out} for r in results]
+
+    persist_table.expand(target=find_piles())

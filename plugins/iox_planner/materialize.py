@@ -1,0 +1,525 @@
+"""What a scheduled or triggered run records in the catalog, and how a result becomes a catalog table.
+
+- **Query runs**: one `iox_query_run` row per run (per Airflow DAG run: a rerun updates its row), holding params,
+  plan, output, row count, duration and status.
+- **Run locks**, keyed by (definition, interval): a run takes the lock when it plans and checks it in the
+  transaction that publishes, so two runs of one interval can never both publish.
+- **Registering a result as a table** (`register_interval`): the rows are written a second time through the
+  catalog's own write path (catalog layout, int64 ns `time`, one partition per UTC day, sorted duplicate-free
+  Parquet files) and replace that interval's earlier files of the table, so rerunning an interval is idempotent
+  and a rollup of a rollup plans and runs like a query over any other table.
+- **Persist candidates**: partitions whose ingester chunks pile up.
+
+Imports neither Airflow nor Spark: the DAGs call these functions, the tests call them against a real Postgres.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.engine import Connection
+
+from . import storage
+from .catalog import Catalog, ChunkRow, databases, ingester_chunks, partitions, query_runs, tables
+from .config import warehouse as default_warehouse
+from .errors import BadInputError, CatalogError
+from .ingest import _Staged, chunk_path
+from .model import LOCAL_STORE, TIME, ChunkKind, ColumnType
+from .timeutil import NS_PER_DAY, check_range, format_time, partition_bounds, partition_of
+
+_metadata = sa.MetaData()
+# Defined here rather than in catalog.py's metadata so this module stays self-contained (migration 0002).
+run_locks = sa.Table(
+    "iox_run_lock", _metadata,
+    sa.Column("definition", sa.Text, primary_key=True),
+    sa.Column("interval_start", sa.BigInteger, primary_key=True),
+    sa.Column("interval_end", sa.BigInteger, primary_key=True),
+    sa.Column("holder", sa.Text, nullable=False),
+    sa.Column("query_run_id", sa.BigInteger),
+    sa.Column("acquired_at", sa.DateTime(timezone=True)),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+class RunStatus(str, enum.Enum):
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+
+
+@contextlib.contextmanager
+def _transaction(catalog: Catalog, conn: Connection | None) -> Iterator[Connection]:
+    """The caller's transaction if it passes one, else a transaction of our own."""
+    if conn is not None:
+        yield conn
+        return
+    with catalog.engine.begin() as own:
+        yield own
+
+
+# --- query runs ------------------------------------------------------------------------------------------------
+
+
+def start_run(
+    catalog: Catalog,
+    *,
+    database: str,
+    params: Mapping[str, Any],
+    dag_id: str | None = None,
+    run_id: str | None = None,
+    definition: str | None = None,
+    interval: tuple[int | None, int | None] = (None, None),
+    output: str | None = None,
+    conn: Connection | None = None,
+) -> int:
+    """Record a run as `running` and return its id. The same (dag_id, run_id) again (a retry or a rerun of that
+    DAG run) resets and reuses its row."""
+    values: dict[str, Any] = dict(
+        database_name=database, definition=definition, dag_id=dag_id, run_id=run_id, interval_start=interval[0],
+        interval_end=interval[1], params=_jsonable(params), plan=None, output=output, row_count=None,
+        status=RunStatus.RUNNING.value, error=None, started_at=sa.func.now(), finished_at=None, duration_s=None,
+    )
+    insert = pg.insert(query_runs).values(**values)
+    with _transaction(catalog, conn) as c:
+        if dag_id is None:
+            return int(c.execute(insert.returning(query_runs.c.id)).scalar_one())
+        upsert = insert.on_conflict_do_update(
+            index_elements=[query_runs.c.dag_id, query_runs.c.run_id],
+            index_where=query_runs.c.dag_id.is_not(None),
+            set_={k: insert.excluded[k] for k in values if k not in ("dag_id", "run_id")},
+        )
+        return int(c.execute(upsert.returning(query_runs.c.id)).scalar_one())
+
+
+def record_plan(catalog: Catalog, run: int, plan: Mapping[str, Any], *, conn: Connection | None = None) -> None:
+    with _transaction(catalog, conn) as c:
+        c.execute(query_runs.update().where(query_runs.c.id == run).values(plan=_jsonable(plan)))
+
+
+def finish_run(
+    catalog: Catalog,
+    run: int,
+    status: RunStatus,
+    *,
+    row_count: int | None = None,
+    error: str | None = None,
+    conn: Connection | None = None,
+) -> None:
+    """Mark a run finished. A failure keeps the first error recorded (the most specific one: the plan task's, or
+    the Spark job's), so a later, vaguer report does not overwrite it."""
+    if status is RunStatus.RUNNING:
+        raise ValueError("finish_run needs a final status")
+    done = sa.func.clock_timestamp()
+    values: dict[str, Any] = dict(
+        status=status.value, finished_at=done,
+        duration_s=sa.func.extract("epoch", done - query_runs.c.started_at),
+    )
+    if status is RunStatus.SUCCESS:
+        values.update(row_count=row_count, error=None)
+    else:
+        values["error"] = sa.func.coalesce(query_runs.c.error, error)
+    with _transaction(catalog, conn) as c:
+        c.execute(query_runs.update().where(query_runs.c.id == run).values(**values))
+
+
+def get_run(catalog: Catalog, run: int) -> dict[str, Any] | None:
+    with catalog.engine.connect() as conn:
+        row = conn.execute(sa.select(query_runs).where(query_runs.c.id == run)).mappings().one_or_none()
+    return dict(row) if row is not None else None
+
+
+def _jsonable(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON round trip: what JSONB will hold, and an early, clear error for what it cannot."""
+    try:
+        result: dict[str, Any] = json.loads(json.dumps(dict(value), default=str))
+    except (TypeError, ValueError) as err:
+        raise BadInputError(f"run parameters cannot be stored as JSON: {err}") from err
+    return result
+
+
+# --- run locks ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """What a run lock protects: one definition's (or output's) half-open interval, in ns."""
+
+    definition: str
+    interval_start: int
+    interval_end: int
+
+    def __post_init__(self) -> None:
+        if not self.definition:
+            raise ValueError("a run key needs a definition")
+        check_range(self.interval_start, self.interval_end)
+
+    def describe(self) -> str:
+        return f"{self.definition} [{format_time(self.interval_start)}, {format_time(self.interval_end)})"
+
+    def _where(self) -> sa.ColumnElement[bool]:
+        return sa.and_(run_locks.c.definition == self.definition,
+                       run_locks.c.interval_start == self.interval_start,
+                       run_locks.c.interval_end == self.interval_end)
+
+
+_ACQUIRE = sa.text("""
+    INSERT INTO iox_run_lock AS l (definition, interval_start, interval_end, holder, query_run_id, expires_at)
+    VALUES (:definition, :start, :end, :holder, :run, now() + make_interval(secs => :ttl))
+    ON CONFLICT (definition, interval_start, interval_end) DO UPDATE
+    SET holder = EXCLUDED.holder, query_run_id = EXCLUDED.query_run_id, acquired_at = now(),
+        expires_at = EXCLUDED.expires_at
+    WHERE l.holder = EXCLUDED.holder
+       OR l.expires_at < now()
+       OR NOT EXISTS (SELECT 1 FROM iox_query_run r WHERE r.id = l.query_run_id AND r.status = 'running')
+    RETURNING holder
+""")
+
+
+def acquire_lock(
+    catalog: Catalog, key: RunKey, holder: str, *, query_run: int | None, ttl_seconds: float,
+    conn: Connection | None = None,
+) -> None:
+    """Take the lock on `key` for `holder`, or fail naming who holds it. The same holder may take it again (a
+    retry); another holder's lock is taken over only when it expired or its query run is no longer running."""
+    with _transaction(catalog, conn) as c:
+        got = c.execute(_ACQUIRE.bindparams(
+            definition=key.definition, start=key.interval_start, end=key.interval_end, holder=holder,
+            run=query_run, ttl=float(ttl_seconds))).scalar_one_or_none()
+        if got is not None:
+            return
+        row = c.execute(sa.select(run_locks.c.holder, run_locks.c.acquired_at, run_locks.c.expires_at)
+                        .where(key._where())).one_or_none()
+    if row is None:  # released between our insert and our look: another attempt will get it
+        raise CatalogError(f"could not lock {key.describe()} for {holder}; retry the run")
+    raise CatalogError(
+        f"{key.describe()} is being computed by {row.holder} (since {row.acquired_at:%Y-%m-%dT%H:%M:%SZ}); two "
+        f"runs of one interval must not both publish, so {holder} stops here with nothing published. Retry "
+        f"once that run has finished (its lock expires at {row.expires_at:%Y-%m-%dT%H:%M:%SZ} if it died)"
+    )
+
+
+def check_lock(conn: Connection, key: RunKey, holder: str) -> None:
+    """Inside the publishing transaction: `holder` must still hold `key`. The row stays locked until that
+    transaction ends, so nobody takes the lock over while we publish."""
+    row = conn.execute(sa.select(run_locks.c.holder).where(key._where()).with_for_update()).one_or_none()
+    if row is None or row.holder != holder:
+        who = "nobody" if row is None else row.holder
+        raise CatalogError(
+            f"{holder} no longer holds the lock on {key.describe()} (held by {who}: it expired and another run "
+            "took it over); nothing was published, the other run publishes this interval"
+        )
+
+
+def release_lock(catalog: Catalog, key: RunKey, holder: str, *, conn: Connection | None = None) -> bool:
+    """Release `key` if `holder` holds it. Returns whether it did."""
+    with _transaction(catalog, conn) as c:
+        result = c.execute(run_locks.delete().where(key._where(), run_locks.c.holder == holder))
+        return bool(result.rowcount)
+
+
+def lock_holder(catalog: Catalog, key: RunKey) -> str | None:
+    with catalog.engine.connect() as conn:
+        return conn.execute(sa.select(run_locks.c.holder).where(key._where())).scalar_one_or_none()
+
+
+# --- registering a result as a catalog table ----------------------------------------------------------------------
+
+_UNIT_NS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
+
+
+def catalog_columns(data: pa.Table, tags: Sequence[str]) -> tuple[pa.Table, dict[str, ColumnType]]:
+    """A result as a catalog table would hold it: `tags` as tags, `time` as int64 ns, every other column a field
+    of the catalog type its Arrow type maps to. Columns come out in file order (tags, fields, time)."""
+    names = data.column_names
+    if TIME not in names:
+        raise BadInputError(
+            "a result registered as a table needs a `time` column (the start of each row's bucket, say "
+            "`date_trunc('hour', time) AS time`); the result has " + (", ".join(names) or "no columns")
+        )
+    if len(set(names)) != len(names):
+        raise BadInputError(f"the result has two columns with one name ({', '.join(names)}); alias them apart")
+    for tag in tags:
+        if tag not in names:
+            raise BadInputError(f"register_as names tag {tag!r}, which the result does not have (it has "
+                                f"{', '.join(names)})")
+        if tag == TIME:
+            raise BadInputError("`time` cannot be a tag: it is the table's timestamp")
+    columns: dict[str, ColumnType] = {}
+    arrays: dict[str, pa.ChunkedArray] = {}
+    for name in names:
+        if name.startswith("__"):
+            raise BadInputError(f"column {name!r}: names starting with '__' are reserved; alias it")
+        column = data[name]
+        kind = column.type
+        if name == TIME:
+            columns[name] = ColumnType.TIME
+            arrays[name] = _time_ns(column)
+        elif name in tags:
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind)):
+                raise BadInputError(f"tag {name!r} must be a string column; the result has it as {kind}")
+            columns[name] = ColumnType.TAG
+            arrays[name] = column.cast(pa.string())
+        else:
+            ctype, converted = _field(name, column)
+            columns[name] = ctype
+            arrays[name] = converted
+    schema = storage.arrow_schema(columns)
+    return pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema), columns
+
+
+def _time_ns(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    if column.null_count:
+        raise BadInputError(f"`time` is NULL in {column.null_count} row(s) of the result; every row needs a time")
+    kind = column.type
+    if pa.types.is_timestamp(kind):
+        factor = _UNIT_NS[kind.unit]
+        return pc.multiply_checked(column.cast(pa.int64()), pa.scalar(factor, pa.int64()))
+    if pa.types.is_integer(kind):
+        return column.cast(pa.int64())
+    raise BadInputError(f"`time` must be a timestamp (or int64 nanoseconds); the result has it as {kind}")
+
+
+def _field(name: str, column: pa.ChunkedArray) -> tuple[ColumnType, pa.ChunkedArray]:
+    kind = column.type
+    if pa.types.is_floating(kind):
+        return ColumnType.FLOAT, column.cast(pa.float64())
+    if pa.types.is_unsigned_integer(kind):
+        return ColumnType.UNSIGNED, column.cast(pa.uint64())
+    if pa.types.is_integer(kind):
+        return ColumnType.INTEGER, column.cast(pa.int64())
+    if pa.types.is_boolean(kind):
+        return ColumnType.BOOLEAN, column
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return ColumnType.STRING, column.cast(pa.string())
+    if pa.types.is_decimal(kind):
+        # Spark reads unsigned fields as DECIMAL(20, 0): keep them unsigned; other decimals become floats.
+        if kind.scale == 0 and kind.precision == 20:
+            return ColumnType.UNSIGNED, column.cast(pa.uint64())
+        return ColumnType.FLOAT, column.cast(pa.float64())
+    raise BadInputError(
+        f"column {name!r} has type {kind}, which a catalog table cannot hold (fields are float, integer, "
+        "unsigned, boolean or string); cast it in the query, e.g. CAST(x AS DOUBLE)"
+    )
+
+
+@dataclass(frozen=True)
+class RegisteredFile:
+    partition: str
+    file_id: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class RegisterResult:
+    db: str
+    table: str
+    files: tuple[RegisteredFile, ...]
+    retired: int
+    """Earlier chunks of the table inside the interval, retired (their files go after the grace period)."""
+    trimmed: int
+    """Earlier chunks that reached outside the interval: rewritten without the interval's rows, then retired."""
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+
+def register_interval(
+    catalog: Catalog,
+    db: str,
+    table: str,
+    data: pa.Table,
+    *,
+    tags: Sequence[str],
+    interval: tuple[int, int],
+    warehouse: Path | None = None,
+    conn: Connection | None = None,
+    written: list[Path] | None = None,
+) -> RegisterResult:
+    """Write `data` (the result of one interval) as table `table` of database `db`, replacing whatever the table
+    held inside the half-open `interval`: one sorted, duplicate-free Parquet file per UTC day, registered with a new
+    chunk order, and the interval's earlier chunks retired, in one transaction (files are removed again if it does
+    not commit). Every row must lie inside the interval. The database and table are created when missing; the
+    result's columns must agree with the table's existing ones.
+
+    With `conn`, the caller's transaction is used and `written` receives the paths of the files written, for the
+    caller to remove should its transaction not commit."""
+    start, end = interval
+    check_range(start, end)
+    if not table or table.startswith("__"):
+        raise BadInputError(f"table name {table!r} is not allowed: it must be non-empty and not start with '__'")
+    data, columns = catalog_columns(data, tags)
+    times = data[TIME].to_numpy()
+    outside = int(np.count_nonzero((times < start) | (times >= end)))
+    if outside:
+        raise BadInputError(
+            f"{outside} row(s) of the result for {db}.{table} lie outside the interval [{format_time(start)}, "
+            f"{format_time(end)}); a result registered as a table may only hold rows of its own interval (filter "
+            "on time, or bucket time no coarser than the schedule)"
+        )
+    root = warehouse or default_warehouse()
+    if conn is None:
+        staged = _Staged(root)
+        try:
+            with catalog.engine.begin() as own:
+                return _register(catalog, own, staged, db, table, data, columns, start, end)
+        except BaseException:
+            staged.rollback()
+            raise
+    staged = _Staged(root)
+    try:
+        result = _register(catalog, conn, staged, db, table, data, columns, start, end)
+    except BaseException:
+        staged.rollback()
+        raise
+    if written is not None:
+        written.extend(staged.paths)
+    return result
+
+
+def _register(
+    catalog: Catalog, conn: Connection, staged: _Staged, db: str, table: str, data: pa.Table,
+    columns: Mapping[str, ColumnType], start: int, end: int,
+) -> RegisterResult:
+    root = staged.root
+    db_id = catalog.ensure_database(conn, db)
+    table_id = catalog.ensure_table(conn, db_id, table)
+    current = catalog.add_columns(conn, table_id, columns)
+    clashes = [f"{n} (the table has it as {current[n].value}, the result as {t.value})"
+               for n, t in columns.items() if current.get(n) is not t]
+    if clashes:
+        raise BadInputError(f"the result does not fit table {db}.{table}: {'; '.join(clashes)}")
+
+    days = data[TIME].to_numpy() // NS_PER_DAY
+    new_days = sorted({partition_of(int(d) * NS_PER_DAY) for d in np.unique(days)})
+    first_day, last_day = partition_of(start), partition_of(end - 1)
+    partition_ids = {r.partition_key: int(r.id) for r in catalog.partition_rows(conn, db_id, table)
+                     if first_day <= r.partition_key <= last_day}
+    for key in new_days:
+        if key not in partition_ids:
+            partition_ids[key] = catalog.ensure_partition(conn, table_id, key)
+    # Lock every partition the interval touches, in id order (no deadlock with another registration or a
+    # persist), before reading what they hold.
+    sort_keys = {pid: catalog.lock_partition(conn, pid) for pid in sorted(partition_ids.values())}
+
+    old = catalog.chunk_rows(conn, db_id, table=table, time_min=start, time_max=end - 1)
+    table_columns = catalog.table_columns(conn, table_id)
+    retired = trimmed = 0
+    for chunk in old:
+        if not (start <= chunk.min_time and chunk.max_time < end):
+            _trim(catalog, conn, staged, db_id, chunk, table_columns, start, end)
+            trimmed += 1
+        catalog.retire_chunks(conn, chunk.kind, [chunk.id])
+        retired += 1
+
+    files: list[RegisteredFile] = []
+    for key in new_days:
+        lo, hi = partition_bounds(key)
+        times = data[TIME]
+        part = data.filter(pc.and_(pc.greater_equal(times, lo), pc.less_equal(times, hi)))
+        deduped = storage.deduplicate([(0, part)], columns)
+        pid = partition_ids[key]
+        fixed = sort_keys[pid]
+        partition_key = (storage.derive_sort_key(deduped, columns) if fixed is None
+                         else storage.extend_sort_key(fixed, columns, deduped))
+        if list(partition_key) != list(fixed or []):
+            catalog.set_sort_key(conn, pid, partition_key)
+        file_key = [c for c in partition_key if c in columns]
+        rows = storage.sort_table(deduped, file_key)
+        rel = chunk_path(db_id, table_id, pid)
+        staged.paths.append(root / rel)
+        size = storage.write_parquet_atomic(rows, root / rel, metadata={"iox.kind": ChunkKind.PARQUET.value})
+        mm = pc.min_max(rows[TIME]).as_py()
+        file_id = catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(
+            object_id=Path(rel).stem, label=None, table_id=table_id, partition_id=pid, store=LOCAL_STORE,
+            path=rel, min_time=mm["min"], max_time=mm["max"], row_count=rows.num_rows, file_size=size,
+            column_names=storage.column_layout(columns),
+            tag_ranges={k: list(v) for k, v in storage.tag_ranges(rows, columns).items()},
+            chunk_order=catalog.next_orders(conn, 1)[0], sort_key=file_key,
+        ))
+        files.append(RegisteredFile(key, file_id, rows.num_rows))
+    return RegisterResult(db, table, tuple(files), retired, trimmed)
+
+
+def _trim(
+    catalog: Catalog, conn: Connection, staged: _Staged, db_id: int, chunk: ChunkRow,
+    table_columns: Mapping[str, ColumnType], start: int, end: int,
+) -> None:
+    """Rewrite a chunk that reaches outside the interval without the interval's rows (same kind, order and sort
+    key), so retiring it loses nothing outside the interval."""
+    if chunk.store != LOCAL_STORE:
+        raise CatalogError(f"chunk {chunk.display_id} of {chunk.table} lives in store {chunk.store!r} and reaches "
+                           "outside the interval being replaced; only local files can be rewritten")
+    root = staged.root
+    rows = storage.read_chunk(root / chunk.path, chunk.display_id)
+    times = rows[TIME]
+    keep = rows.filter(pc.or_(pc.less(times, start), pc.greater_equal(times, end)))
+    if keep.num_rows == 0:
+        return
+    rel = chunk_path(db_id, chunk.table_id, chunk.partition_id)
+    staged.paths.append(root / rel)
+    size = storage.write_parquet_atomic(keep, root / rel, metadata={"iox.kind": chunk.kind.value})
+    columns = {n: table_columns[n] for n in chunk.column_names if n in table_columns}
+    mm = pc.min_max(keep[TIME]).as_py()
+    values: dict[str, Any] = dict(
+        object_id=Path(rel).stem, label=chunk.label, table_id=chunk.table_id, partition_id=chunk.partition_id,
+        store=chunk.store, path=rel, min_time=mm["min"], max_time=mm["max"], row_count=keep.num_rows,
+        file_size=size, column_names=list(chunk.column_names),
+        tag_ranges={k: list(v) for k, v in storage.tag_ranges(keep, columns).items()}, chunk_order=chunk.order,
+    )
+    if chunk.kind is ChunkKind.PARQUET:
+        values["sort_key"] = list(chunk.sort_key)
+    catalog.insert_chunk(conn, chunk.kind, values)
+
+
+# --- persisting on a schedule ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PileUp:
+    """A partition holding at least the threshold's number of live ingester chunks."""
+
+    db: str
+    table: str
+    partition: str
+    chunks: int
+
+
+def piled_up_partitions(catalog: Catalog, threshold: int, only: Sequence[str] = ()) -> list[PileUp]:
+    """Partitions whose live ingester chunks number `threshold` or more, in the databases `only` names (default:
+    every database)."""
+    if threshold < 1:
+        raise BadInputError(f"the persist threshold must be at least 1 chunk, not {threshold}")
+    count = sa.func.count().label("chunks")
+    query = (
+        sa.select(databases.c.name.label("db"), tables.c.name.label("table_name"), partitions.c.partition_key, count)
+        .select_from(ingester_chunks)
+        .join(tables, ingester_chunks.c.table_id == tables.c.id)
+        .join(databases, tables.c.database_id == databases.c.id)
+        .join(partitions, ingester_chunks.c.partition_id == partitions.c.id)
+        .where(ingester_chunks.c.to_delete.is_(None))
+        .where(databases.c.name.in_(list(only)) if only else sa.true())
+        .group_by(databases.c.name, tables.c.name, partitions.c.partition_key)
+        .having(count >= threshold)
+        .order_by(databases.c.name, tables.c.name, partitions.c.partition_key)
+    )
+    with catalog.engine.connect() as conn:
+        return [PileUp(r.db, r.table_name, r.partition_key, int(r.chunks)) for r in conn.execute(query)]
+
+
+def tables_to_persist(piles: Sequence[PileUp]) -> list[tuple[str, str]]:
+    """The (db, table) pairs to persist, each once, in order."""
+    seen: dict[tuple[str, str], None] = {}
+    for pile in piles:
+        seen.setdefault((pile.db, pile.table), None)
+    return list(seen)

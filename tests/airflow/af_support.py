@@ -1,0 +1,173 @@
+"""Helpers of the Airflow tests: environments, running DAGs with real Airflow, reading what runs recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+import yaml
+
+from iox_planner.catalog import Catalog
+
+ROOT = Path(__file__).resolve().parents[2]
+DAGS = ROOT / "dags"
+DATA = Path(__file__).resolve().parent / "data"
+BIN = Path(sys.executable).parent
+RUNNER = Path(__file__).resolve().parent / "dagtest_runner.py"
+PREFIX = "@@RESULT "
+
+
+DAILY_SQL = """\
+SELECT state, city, date_trunc('day', time) AS time, count(*) AS samples,
+       avg(temp) AS temp_avg, max(temp) AS temp_max
+FROM h2o
+GROUP BY state, city, date_trunc('day', time)
+"""
+MONTHLY_SQL = """\
+SELECT state, city, date_trunc('month', time) AS time, sum(samples) AS samples, max(temp_max) AS temp_max
+FROM h2o_daily
+GROUP BY state, city, date_trunc('month', time)
+"""
+
+
+def write_definitions(folder: Path, h2o3: str, fail: str) -> None:
+    """The tests' materialized queries: a daily rollup registered as table h2o_daily, a monthly rollup of that
+    rollup, and a daily rollup over the database the failure test breaks. Each ends in January 2024, so a
+    running scheduler never makes a scheduled run of its own (only backfills and dag.test() run them)."""
+    common = {"schedule": "@daily", "start_date": "2024-01-01", "end_date": "2024-02-01", "catchup": False}
+    definitions = [
+        {"name": "h2o_daily", "db": h2o3, "sql": DAILY_SQL, **common, "paused": False,
+         "output": "h2o_daily/{start:%Y-%m-%d}.jsonl", "format": "jsonl",
+         "register_as": {"table": "h2o_daily", "tags": ["state", "city"]}},
+        {"name": "h2o_monthly", "db": h2o3, "sql": MONTHLY_SQL, **common, "schedule": "@monthly", "paused": False,
+         "output": "h2o_monthly/{start:%Y-%m}.jsonl", "format": "jsonl"},
+        {"name": "h2o_fail", "db": fail, "sql": DAILY_SQL, **common, "paused": True,
+         "output": "h2o_fail/{start:%Y-%m-%d}", "format": "parquet",
+         "register_as": {"table": "h2o_fail_daily", "tags": ["state", "city"]}},
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    for definition in definitions:
+        (folder / f"{definition['name']}.yaml").write_text(yaml.safe_dump(definition, sort_keys=False))
+
+
+def base_env(catalog_url: str, home: Path, output: Path, definitions: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "IOX_"))}
+    env.update({
+        "IOX_HOME": str(ROOT),
+        "IOX_CATALOG_URL": catalog_url,
+        "IOX_WAREHOUSE": os.environ["IOX_WAREHOUSE"],
+        "IOX_OUTPUT_ROOT": str(output),
+        "IOX_MATERIALIZED_DIR": str(definitions),
+        "IOX_SPARK_MASTER": "local[2]",
+        "IOX_SPARK_RETRIES": "0",
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__CORE__PARALLELISM": "2",
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def setup_airflow(env: dict[str, str], *, reserialize: bool = False) -> None:
+    args = [sys.executable, str(DAGS / "iox_airflow" / "setup_airflow.py")] + (["--reserialize"] if reserialize else [])
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+class DagRunner:
+    """The test session's long-lived dagtest_runner.py process: real Airflow, started once, running `dag.test()`
+    for every test that asks (see that file). Its process group is always stopped at the end."""
+
+    def __init__(self, env: dict[str, str], stderr_log: Path, timeout: float = 300) -> None:
+        self.stderr_log = stderr_log
+        self._stderr = stderr_log.open("w")
+        self.proc = subprocess.Popen([sys.executable, str(RUNNER)], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
+                                     start_new_session=True)
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self._read(timeout)
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _read(self, timeout: float) -> tuple[Any, str]:
+        deadline = time.monotonic() + timeout
+        log: list[str] = []
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"dag.test runner gave no answer within {timeout} s:\n"
+                                     + "".join(log)[-4000:]) from None
+            if line is None:
+                raise AssertionError("dag.test runner exited:\n" + "".join(log)[-4000:]
+                                     + self.stderr_log.read_text()[-4000:])
+            if line.startswith(PREFIX):
+                return json.loads(line[len(PREFIX):]), "".join(log)
+            log.append(line)
+
+    def run(self, specs: list[dict[str, Any]], env: dict[str, str] | None = None,
+            timeout: float = 900) -> list[dict[str, Any]]:
+        """`dag.test()` each spec in turn; `env` applies to these runs only."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps([{**spec, "env": {**(env or {}), **spec.get("env", {})}}
+                                          for spec in specs]) + "\n")
+        self.proc.stdin.flush()
+        results, log = self._read(timeout)
+        for result in results:
+            result["log"] = log[-20000:]
+        return list(results)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self._stderr.close()
+
+
+def airflow_cli(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "airflow"), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def query_runs(catalog: Catalog, **where: Any) -> list[dict[str, Any]]:
+    """iox_query_run rows, read straight from the catalog."""
+    clauses = " AND ".join(f"{k} = :{k}" for k in where) or "true"
+    with catalog.engine.connect() as conn:
+        rows = conn.execute(sa.text(f"SELECT * FROM iox_query_run WHERE {clauses} ORDER BY id").bindparams(**where))
+        return [dict(r) for r in rows.mappings()]
+
+
+def locks(catalog: Catalog) -> list[dict[str, Any]]:
+    with catalog.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.text("SELECT * FROM iox_run_lock")).mappings()]
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Staging folders or temporary files a run left behind."""
+    if not folder.exists():
+        return []
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                  if ".iox-run-" in p.name or p.name.endswith((".tmp", ".old")))

@@ -1,0 +1,161 @@
+"""The Airflow layer's pure parts (no Airflow run, no database): materialized definitions, requests from params,
+settings, and the fan-out split of a plan."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from af_support import DAGS, DATA
+from iox_airflow.definitions import load_definitions, parse_definition
+from iox_airflow.fanout import split_plan
+from iox_airflow.query_request import QueryRequest, ResultFormat
+from iox_airflow.settings import AirflowSettings
+
+from iox_planner.errors import BadInputError
+from iox_planner.materialize import RunKey
+from iox_planner.planner import plan_query
+from iox_planner.planner.nodes import DeduplicateExec, EmptyExec
+from iox_planner.scenario import read_scenario, scenario_source
+from iox_planner.timeutil import INT64_MAX, INT64_MIN
+
+SETTINGS = AirflowSettings(output_root=Path("/data/out"), materialized_dir=Path("/nowhere"))
+GOOD: dict[str, Any] = {
+    "name": "cpu_hourly", "db": "tsbs", "sql": "SELECT 1", "schedule": "@hourly", "start_date": "2024-01-01",
+    "output": "cpu/{start:%Y-%m-%dT%H}.parquet",
+}
+H = 3600 * 10**9
+
+
+def test_the_shipped_definitions_are_valid() -> None:
+    found = load_definitions(DAGS / "materialized")
+    assert found, "dags/materialized holds at least one example definition"
+    for definition in found:
+        assert definition.dag_id == f"materialize_{definition.name}"
+        assert "{start" in definition.output
+
+
+def test_a_definition_makes_one_request_per_interval() -> None:
+    definition = parse_definition({**GOOD, "register_as": {"table": "cpu_hourly", "tags": ["host"]},
+                                   "args": {"low": 5}}, "cpu.yaml")
+    start = dt.datetime(2024, 1, 2, 3, tzinfo=dt.timezone.utc)
+    request = definition.request(start, start + dt.timedelta(hours=1), SETTINGS)
+    assert request.output == Path("/data/out/cpu/2024-01-02T03.parquet")
+    assert (request.time_start, request.time_end) == (1704164400 * 10**9, 1704164400 * 10**9 + H)
+    assert request.format is ResultFormat.PARQUET and request.args == {"low": 5}
+    assert request.lock_key() == RunKey("cpu_hourly", request.time_start, request.time_end)
+    assert request.register_as is not None and request.register_as.tags == ("host",)
+    assert definition.output_pattern(SETTINGS) == Path("/data/out/cpu/*.parquet")
+    assert definition.cron == "0 * * * *"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"schedule": None}, "`schedule`: is required"),
+    ({"schedule": "hourly please"}, "`schedule`: 'hourly please' is not a cron expression"),
+    ({"output": "cpu/latest.parquet"}, "`output`: must use {start}"),
+    ({"output": "cpu/{when}.parquet"}, "`output`: unknown field(s) {when}"),
+    ({"format": "xml"}, "`format`: format 'xml' is not an output format"),
+    ({"name": "CPU hourly"}, "`name`: 'CPU hourly' must be lowercase"),
+    ({"db": "no spaces"}, "`db`: database name 'no spaces' is not allowed"),
+    ({"start_date": "yesterday"}, "`start_date`: start_date 'yesterday' is not an RFC 3339 time"),
+    ({"end_date": "2023-01-01"}, "`end_date`: must be after start_date"),
+    ({"register_as": {"table": "t", "tags": ["time"]}}, "`register_as`: `time` cannot be a tag"),
+    ({"catchup": "yes"}, "`catchup`: must be true or false"),
+    ({"colour": "blue"}, "unknown key(s) colour"),
+])
+def test_a_bad_definition_says_which_file_and_key(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(BadInputError) as err:
+        parse_definition({**GOOD, **change}, "dags/materialized/cpu.yaml")
+    assert str(err.value).startswith("dags/materialized/cpu.yaml: ")
+    assert message in str(err.value)
+
+
+def test_two_definitions_with_one_name_are_refused(tmp_path: Path) -> None:
+    for stem in ("a", "b"):
+        (tmp_path / f"{stem}.yaml").write_text(yaml.safe_dump(GOOD))
+    with pytest.raises(BadInputError, match="name 'cpu_hourly' is already used by"):
+        load_definitions(tmp_path)
+
+
+def test_requests_from_params() -> None:
+    request = QueryRequest.from_params({"db": "demo", "sql": "SELECT 1", "output": "q/x.jsonl", "format": "jsonl",
+                                        "time_start": "2024-01-01", "time_end": "2024-01-01T02:00:00+01:00",
+                                        "args": {"a": 1}}, SETTINGS)
+    assert request.output == Path("/data/out/q/x.jsonl")
+    assert (request.time_start, request.time_end) == (1704067200 * 10**9, 1704067200 * 10**9 + H)
+    assert request.lock_key() == RunKey("output:/data/out/q/x.jsonl", INT64_MIN, INT64_MAX)
+    with pytest.raises(BadInputError, match="is not before its end"):
+        QueryRequest.from_params({"db": "d", "sql": "SELECT 1", "output": "/o", "time_start": "2024-01-02",
+                                  "time_end": "2024-01-01"}, SETTINGS)
+    with pytest.raises(BadInputError, match="bound parameter :a must be"):
+        QueryRequest.from_params({"db": "d", "sql": "SELECT 1", "output": "/o", "args": {"a": [1]}}, SETTINGS)
+    with pytest.raises(BadInputError, match="unknown param"):
+        QueryRequest.from_params({"db": "d", "sql": "SELECT 1", "output": "/o", "fmt": "csv"}, SETTINGS)
+
+
+def test_settings_from_the_environment() -> None:
+    got = AirflowSettings.from_env({"IOX_MAX_SPARK_JOBS": "3", "IOX_OUTPUT_ROOT": "/x", "IOX_SPARK_RETRIES": "0"})
+    assert (got.max_spark_jobs, got.output_root, got.spark_retries) == (3, Path("/x"), 0)
+    with pytest.raises(BadInputError, match="IOX_MAX_SPARK_JOBS must be a whole number of at least 1"):
+        AirflowSettings.from_env({"IOX_MAX_SPARK_JOBS": "0"})
+    with pytest.raises(BadInputError, match="IOX_PERSIST_CHUNK_THRESHOLD='many' is not a whole number"):
+        AirflowSettings.from_env({"IOX_PERSIST_CHUNK_THRESHOLD": "many"})
+
+
+def test_fan_out_deals_overlap_groups_into_at_most_n_parts() -> None:
+    source = scenario_source(read_scenario(DATA / "h2o_3days.yaml"))
+    plan = plan_query("SELECT a.state, b.temp FROM h2o a JOIN h2o b ON a.city = b.city AND a.time = b.time",
+                      source)
+    dedups = [n for tree in plan.children for n in tree.walk() if isinstance(n, DeduplicateExec)]
+    assert len(dedups) == 6  # one overlap group per day, in each of the two scans
+    assert split_plan(plan, 1) == []
+    for n, expected in ((2, 2), (3, 3), (8, 3)):
+        parts = split_plan(plan, n)
+        assert len(parts) == expected
+        for scan in range(2):
+            # Every chunk of the scan lands in exactly one part, and each part keeps the scan's schema.
+            ids = [sorted(c.id for c in part.children[scan].scanned_chunks()) for part in parts]
+            assert sorted(i for part_ids in ids for i in part_ids) == sorted(
+                c.id for c in plan.children[scan].scanned_chunks())
+            assert all(part.children[scan].schema == plan.children[scan].schema for part in parts)
+        assert all(part.sql == plan.sql and part.scans == plan.scans for part in parts)
+
+
+def test_fan_out_leaves_an_unsplittable_scan_whole() -> None:
+    source = scenario_source(read_scenario(DAGS.parent / "examples" / "h2o.yaml"))
+    plan = plan_query("SELECT * FROM h2o", source)
+    assert split_plan(plan, 4) == []  # one overlap group: nothing to split
+    two = scenario_source(read_scenario(DATA / "h2o_3days.yaml"))
+    mixed = plan_query("SELECT * FROM h2o WHERE time < TIMESTAMP '2024-01-02 00:00:00'", two)
+    parts = split_plan(mixed, 2)
+    assert parts == [] or any(isinstance(p.children[0], EmptyExec) for p in parts)
+
+
+HOOK_MASTERS = r"""
+import os, sys
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from iox_airflow.spark import ensure_spark_connection
+for master in sys.argv[1:]:
+    os.environ.pop("AIRFLOW_CONN_SPARK_DEFAULT", None)
+    if master == "-":
+        os.environ.pop("IOX_SPARK_MASTER", None)
+    else:
+        os.environ["IOX_SPARK_MASTER"] = master
+    ensure_spark_connection()
+    print(SparkSubmitHook()._connection["master"])
+"""
+
+
+def test_spark_default_is_derived_from_iox_spark_master(airflow_env: dict[str, str]) -> None:
+    """What Airflow's own SparkSubmitHook makes of the derived connection: exactly IOX_SPARK_MASTER."""
+    env = {**airflow_env, "PYTHONPATH": str(DAGS)}
+    masters = ["-", "local[2]", "spark://127.0.0.1:7077"]
+    done = subprocess.run([sys.executable, "-c", HOOK_MASTERS, *masters], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["local[*]", "local[2]", "spark://127.0.0.1:7077"]

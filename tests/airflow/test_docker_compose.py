@@ -1,0 +1,119 @@
+"""docker-compose.yml cannot run here (no Docker engine): check that it parses and that its services, images,
+volumes and environment agree with each other and with the code's settings."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from importlib.metadata import version
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import yaml
+from af_support import ROOT
+from iox_airflow.spark import spark_connection
+
+COMPOSE = ROOT / "docker-compose.yml"
+AIRFLOW = ("airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor")
+SPARK = ("spark-master", "spark-worker")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    doc = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def env_of(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def command_of(service: dict[str, Any]) -> list[str]:
+    command = service.get("command") or []
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Container path -> volume name."""
+    out = {}
+    for item in service.get("volumes", []):
+        source, target = str(item).split(":")[:2]
+        out[target] = source
+    return out
+
+
+def test_services_and_images(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) == {"postgres", *AIRFLOW, *SPARK}
+    assert services["postgres"]["image"].startswith("postgres:")
+    images = {services[name]["image"] for name in (*AIRFLOW, *SPARK)}
+    assert images == {"iox-batch:local"}, "every Airflow and Spark container runs the one project image"
+    dockerfile = services["airflow-scheduler"]["build"]["dockerfile_inline"]
+    airflow_version = version("apache-airflow")
+    assert re.search(rf"^FROM apache/airflow:{re.escape(airflow_version)}-python3\.11$", dockerfile, re.M)
+    assert "requirements.lock" in dockerfile and "openjdk-17" in dockerfile
+    assert "grep -E '^pyspark=='" in dockerfile  # pyspark put back over pyspark-client (ENVIRONMENT.md)
+    assert "pip install --no-cache-dir --no-deps -e /opt/iox" in dockerfile
+    assert [command_of(services[s])[:2] for s in AIRFLOW[1:]] == [
+        ["airflow", "api-server"], ["airflow", "scheduler"], ["airflow", "dag-processor"]]
+    init = " ".join(command_of(services["airflow-init"]))
+    assert "airflow db migrate" in init and "iox-batch catalog migrate" in init
+    assert "mkdir -p /data/warehouse /data/output && chown -R airflow:root /data" in dockerfile
+
+
+def test_environment_agrees_with_the_code_and_across_services(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    pg = env_of(services["postgres"])
+    master_cmd = command_of(services["spark-master"])
+    master = f"spark://{master_cmd[master_cmd.index('--host') + 1]}:{master_cmd[master_cmd.index('--port') + 1]}"
+    assert command_of(services["spark-worker"])[:3] == ["spark-class", "org.apache.spark.deploy.worker.Worker",
+                                                        master]
+    for name in (*AIRFLOW, *SPARK):
+        env = env_of(services[name])
+        # The catalog: the postgres service's own user, password and database.
+        url = sa.engine.make_url(env["IOX_CATALOG_URL"])
+        assert url.drivername == "postgresql+psycopg2"
+        assert (url.host, url.port, url.username, url.password, url.database) == (
+            "postgres", 5432, pg["POSTGRES_USER"], pg["POSTGRES_PASSWORD"], pg["POSTGRES_DB"])
+        # Spark: the master the cluster runs, and spark_default derived from it exactly as the code derives it.
+        assert env["IOX_SPARK_MASTER"] == master
+        assert json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"]) == json.loads(spark_connection(master))
+        # The warehouse and outputs live on the one shared volume, mounted at the same path everywhere.
+        volume = mounts(services[name])
+        for var in ("IOX_WAREHOUSE", "IOX_OUTPUT_ROOT"):
+            path = PurePosixPath(env[var])
+            shared = [t for t in volume if path.is_relative_to(t)]
+            assert shared and volume[shared[0]] == "iox-data", (name, var)
+        assert env["IOX_HOME"] == "/opt/iox" and env["AIRFLOW__CORE__DAGS_FOLDER"] == "/opt/iox/dags"
+        # Airflow's metadata: the same Postgres, database `airflow` (created by the postgres entrypoint), with
+        # asyncpg for Airflow 3's async engine.
+        meta = sa.engine.make_url(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+        meta_async = sa.engine.make_url(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"])
+        assert (meta.host, meta.database, meta_async.host, meta_async.database) == (
+            "postgres", "airflow", "postgres", "airflow")
+        assert meta_async.drivername == "postgresql+asyncpg"
+        assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-api-server:8080/execution/"
+        assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] != "/opt/iox/plugins"  # never import iox_planner one by one
+    assert "CREATE DATABASE airflow" in " ".join(command_of({"command": services["postgres"]["entrypoint"]}))
+    assert command_of(services["airflow-api-server"])[-2:] == ["--port", "8080"]
+    assert "8080:8080" in services["airflow-api-server"]["ports"]
+    scheduler_conf = env_of(services["airflow-scheduler"])["IOX_SPARK_CONF"]
+    assert "spark.driver.host=airflow-scheduler" in scheduler_conf
+    assert set(compose["volumes"]) == {"postgres-data", "iox-data"}
+
+
+def test_compose_validates_where_a_compose_cli_exists(tmp_path: Path) -> None:
+    cli = shutil.which("docker-compose")
+    if cli is None:
+        pytest.skip("no docker-compose CLI on this machine (the YAML checks above still ran)")
+    done = subprocess.run([cli, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr

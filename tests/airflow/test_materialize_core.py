@@ -1,0 +1,176 @@
+"""iox_planner.materialize against a real Postgres catalog and a real warehouse (no Airflow, no Spark): query-run
+records, run locks, registering a result as a catalog table, persist candidates."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers import catalog_counts, live_chunks, warehouse_files
+
+from iox_planner import ingest
+from iox_planner import materialize as mat
+from iox_planner.catalog import Catalog, CatalogSource
+from iox_planner.errors import BadInputError, CatalogError
+from iox_planner.planner import plan_query
+from iox_planner.planner.nodes import DeduplicateExec
+from iox_planner.scenario import load_scenario, parse_scenario
+
+H = 3600 * 10**9
+DAY = 86400 * 10**9
+T0 = 1704067200 * 10**9  # 2024-01-01T00:00:00Z
+
+
+def result(rows: list[tuple[str, str, int, int, float]]) -> pa.Table:
+    """A rollup result as Spark hands it over: tags as strings, time as a UTC microsecond timestamp."""
+    return pa.table({
+        "state": pa.array([r[0] for r in rows], pa.string()),
+        "city": pa.array([r[1] for r in rows], pa.string()),
+        "time": pa.array([r[2] // 1000 for r in rows], pa.timestamp("us", tz="UTC")),
+        "samples": pa.array([r[3] for r in rows], pa.int64()),
+        "temp_avg": pa.array([r[4] for r in rows], pa.float64()),
+    })
+
+
+def live(catalog: Catalog, db: str, table: str) -> list[dict[str, Any]]:
+    return [c for c in live_chunks(catalog, db) if c["table_name"] == table]
+
+
+def rows_of(warehouse: Path, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for chunk in chunks:
+        out += pq.read_table(warehouse / chunk["path"]).to_pylist()
+    return sorted(out, key=lambda r: (r["time"], r["state"], r["city"]))
+
+
+def test_register_replaces_exactly_its_interval(catalog: Catalog, db: str, warehouse: Path) -> None:
+    hour1 = (T0 + H, T0 + 2 * H)
+    hour2 = (T0 + 2 * H, T0 + 3 * H)
+    first = mat.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + H, 2, 10.0),
+                                                                 ("MA", "Boston", T0 + H, 1, 20.0)]),
+                                  tags=["state", "city"], interval=hour1)
+    assert [(f.partition, f.rows) for f in first.files] == [("2024-01-01", 2)] and first.retired == 0
+    mat.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + 2 * H, 5, 50.0)]),
+                          tags=["state", "city"], interval=hour2)
+    # Hour 1 again, with other rows: its earlier file goes, hour 2's stays.
+    again = mat.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + H, 3, 11.0)]),
+                                  tags=["state", "city"], interval=hour1)
+    assert again.retired == 1 and again.trimmed == 0
+    chunks = live(catalog, db, "rollup")
+    assert len(chunks) == 2 and all(c["kind"] == "parquet" for c in chunks)
+    assert rows_of(warehouse, chunks) == [
+        {"city": "SF", "state": "CA", "samples": 3, "temp_avg": 11.0, "time": T0 + H},
+        {"city": "SF", "state": "CA", "samples": 5, "temp_avg": 50.0, "time": T0 + 2 * H},
+    ]
+    newest = max(chunks, key=lambda c: c["chunk_order"])
+    assert (newest["min_time"], newest["max_time"], newest["row_count"]) == (T0 + H, T0 + H, 1)
+    assert newest["sort_key"][-1] == "time" and set(newest["sort_key"]) == {"state", "city", "time"}
+    # The registered table plans like any other: one file per hour, nothing overlaps, so no dedup.
+    plan = plan_query("SELECT state, sum(samples) AS n FROM rollup GROUP BY state", CatalogSource(catalog, db))
+    assert not [n for tree in plan.children for n in tree.walk() if isinstance(n, DeduplicateExec)]
+    assert {c.path for c in plan.chunks().values()} == {c["path"] for c in chunks}
+
+
+def test_register_rewrites_earlier_chunks_that_reach_outside_the_interval(
+        catalog: Catalog, db: str, warehouse: Path) -> None:
+    lines = "\n".join(f"rollup,state=CA,city=SF samples={n}i,temp_avg={n}.5 {T0 + n * H}" for n in range(4))
+    load_scenario(catalog, parse_scenario({"chunks": [{"id": "OLD", "kind": "parquet", "lines": lines}]}), db=db)
+    [old] = live(catalog, db, "rollup")
+    got = mat.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + H, 7, 7.0)]),
+                                tags=["state", "city"], interval=(T0 + H, T0 + 3 * H))
+    assert got.retired == 1 and got.trimmed == 1
+    chunks = live(catalog, db, "rollup")
+    trimmed = [c for c in chunks if c["label"] == "OLD"]
+    assert len(trimmed) == 1 and trimmed[0]["chunk_order"] == old["chunk_order"]
+    assert (trimmed[0]["min_time"], trimmed[0]["max_time"], trimmed[0]["row_count"]) == (T0, T0 + 3 * H, 2)
+    assert [(r["time"], r["samples"]) for r in rows_of(warehouse, chunks)] == [(T0, 0), (T0 + H, 7), (T0 + 3 * H, 3)]
+
+
+@pytest.mark.parametrize("data, tags, message", [
+    (result([("CA", "SF", T0 + 5 * H, 1, 1.0)]), ["state", "city"], "outside the interval"),
+    (result([("CA", "SF", T0 + H, 1, 1.0)]).drop_columns(["time"]), ["state"], "needs a `time` column"),
+    (result([("CA", "SF", T0 + H, 1, 1.0)]), ["samples"], "must be a string column"),
+    (result([("CA", "SF", T0 + H, 1, 1.0)]), ["state", "nope"], "does not have"),
+    (result([("CA", "SF", T0 + H, 1, 1.0)]).append_column("when", pa.array([dt.date(2024, 1, 1)])), ["state"],
+     "cannot hold"),
+])
+def test_register_rejects_results_that_do_not_fit(catalog: Catalog, db: str, warehouse: Path,
+                                                   data: pa.Table, tags: list[str], message: str) -> None:
+    before = (catalog_counts(catalog), warehouse_files(warehouse))
+    with pytest.raises(BadInputError, match=message):
+        mat.register_interval(catalog, db, "rollup", data, tags=tags, interval=(T0 + H, T0 + 2 * H))
+    assert (catalog_counts(catalog), warehouse_files(warehouse)) == before
+
+
+def test_register_rejects_a_type_clash_and_changes_nothing(catalog: Catalog, db: str, warehouse: Path) -> None:
+    mat.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + H, 1, 1.0)]), tags=["state", "city"],
+                          interval=(T0 + H, T0 + 2 * H))
+    before = (catalog_counts(catalog), warehouse_files(warehouse))
+    clash = result([("CA", "SF", T0 + H, 1, 1.0)]).set_column(3, "samples", pa.array([1.5]))
+    with pytest.raises(BadInputError, match="samples .the table has it as integer, the result as float"):
+        mat.register_interval(catalog, db, "rollup", clash, tags=["state", "city"], interval=(T0 + H, T0 + 2 * H))
+    assert (catalog_counts(catalog), warehouse_files(warehouse)) == before
+
+
+def test_query_run_records(catalog: Catalog, db: str) -> None:
+    run = mat.start_run(catalog, database=db, params={"sql": "SELECT 1"}, dag_id="d", run_id=f"r-{db}",
+                        definition="x", interval=(1, 2), output="/tmp/o")
+    mat.finish_run(catalog, run, mat.RunStatus.FAILED, error="first, specific")
+    mat.finish_run(catalog, run, mat.RunStatus.FAILED, error="later, vague")
+    assert mat.get_run(catalog, run)["error"] == "first, specific"
+    # The same DAG run again (a retry) reuses and resets its row.
+    again = mat.start_run(catalog, database=db, params={"sql": "SELECT 2"}, dag_id="d", run_id=f"r-{db}")
+    assert again == run
+    row = mat.get_run(catalog, run)
+    assert (row["status"], row["error"], row["params"]) == ("running", None, {"sql": "SELECT 2"})
+    mat.record_plan(catalog, run, {"node": "QueryExec"})
+    mat.finish_run(catalog, run, mat.RunStatus.SUCCESS, row_count=42)
+    row = mat.get_run(catalog, run)
+    assert (row["status"], row["row_count"], row["plan"]) == ("success", 42, {"node": "QueryExec"})
+    assert row["duration_s"] >= 0 and row["finished_at"] >= row["started_at"]
+
+
+def test_run_lock_lets_one_run_of_an_interval_publish(catalog: Catalog, db: str) -> None:
+    key = mat.RunKey(f"def_{db}", T0, T0 + DAY)
+    a = mat.start_run(catalog, database=db, params={}, dag_id="d", run_id=f"a-{db}")
+    b = mat.start_run(catalog, database=db, params={}, dag_id="d", run_id=f"b-{db}")
+    mat.acquire_lock(catalog, key, "d/a", query_run=a, ttl_seconds=3600)
+    with pytest.raises(CatalogError, match="is being computed by d/a"):
+        mat.acquire_lock(catalog, key, "d/b", query_run=b, ttl_seconds=3600)
+    mat.acquire_lock(catalog, key, "d/a", query_run=a, ttl_seconds=3600)  # a retry of the holder
+    with catalog.engine.begin() as conn:
+        mat.check_lock(conn, key, "d/a")
+        with pytest.raises(CatalogError, match="no longer holds"):
+            mat.check_lock(conn, key, "d/b")
+    # Once the holder's run has finished, another run may take the interval at once.
+    mat.finish_run(catalog, a, mat.RunStatus.FAILED, error="spark failed")
+    mat.acquire_lock(catalog, key, "d/b", query_run=b, ttl_seconds=0.2)
+    assert mat.lock_holder(catalog, key) == "d/b"
+    with catalog.engine.begin() as conn, pytest.raises(CatalogError, match="held by d/b"):
+        mat.check_lock(conn, key, "d/a")
+    # An expired lock (its holder died while running) is taken over; the old holder then cannot publish.
+    time.sleep(0.3)
+    c = mat.start_run(catalog, database=db, params={}, dag_id="d", run_id=f"c-{db}")
+    mat.acquire_lock(catalog, key, "d/c", query_run=c, ttl_seconds=3600)
+    with catalog.engine.begin() as conn, pytest.raises(CatalogError, match="no longer holds"):
+        mat.check_lock(conn, key, "d/b")
+    assert not mat.release_lock(catalog, key, "d/b")
+    assert mat.release_lock(catalog, key, "d/c")
+    assert mat.lock_holder(catalog, key) is None
+
+
+def test_piled_up_partitions(catalog: Catalog, db: str) -> None:
+    for n in range(3):
+        ingest.write_line_protocol(catalog, db, f"cpu,host=a usage={n} {T0 + n}\nmem,host=a used={n} {T0 + n}")
+    ingest.write_line_protocol(catalog, db, f"cpu,host=a usage=9 {T0 + DAY}")
+    mine = [p for p in mat.piled_up_partitions(catalog, 3) if p.db == db]
+    assert mine == [mat.PileUp(db, "cpu", "2024-01-01", 3), mat.PileUp(db, "mem", "2024-01-01", 3)]
+    assert [p for p in mat.piled_up_partitions(catalog, 4) if p.db == db] == []
+    assert mat.tables_to_persist(mine) == [(db, "cpu"), (db, "mem")]
+    ingest.persist(catalog, db, table="cpu")
+    assert [p.table for p in mat.piled_up_partitions(catalog, 3) if p.db == db] == ["mem"]
