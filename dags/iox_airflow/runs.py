@@ -17,7 +17,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn
 
 from iox_planner.errors import BadInputError, IoxError
 from iox_planner.timeutil import format_time
@@ -159,11 +159,7 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> 
         return PlanOutcome(run_pk, str(staging.root), jobs, merge, summary,
                            merge_fast_start=summary["rows_estimated"] <= settings.spark_fast_start_rows)
     except BaseException as err:
-        message = str(err) if isinstance(err, IoxError) else f"internal error while planning: {err!r}"
-        _record_failure(catalog, run_pk, key, run, staging, message)
-        if isinstance(err, IoxError):
-            raise RunFailed(message) from err
-        raise
+        _fail_run(err, "planning", catalog, run_pk, key, run, staging)
     finally:
         catalog.dispose()
 
@@ -254,11 +250,7 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
         staging.remove()
         return CommitOutcome(run_pk, str(request.output), rows, registered)
     except BaseException as err:
-        message = str(err) if isinstance(err, IoxError) else f"internal error while publishing: {err!r}"
-        _record_failure(catalog, run_pk, key, run, staging, message)
-        if isinstance(err, IoxError):
-            raise RunFailed(message) from err
-        raise
+        _fail_run(err, "publishing", catalog, run_pk, key, run, staging)
     finally:
         catalog.dispose()
 
@@ -291,6 +283,17 @@ def reject(params: Mapping[str, Any], run: RunIdentity, message: str) -> None:
         mat.finish_run(catalog, run_pk, mat.RunStatus.FAILED, error=message)
     finally:
         catalog.dispose()
+
+
+def _fail_run(err: BaseException, doing: str, catalog: Any, run_pk: int, key: Any, run: RunIdentity,
+              staging: Staging) -> NoReturn:
+    """Mark the run failed (lock released, staging removed) and raise: a user's mistake as RunFailed with its
+    one-paragraph message, anything else as it was."""
+    message = str(err) if isinstance(err, IoxError) else f"internal error while {doing}: {err!r}"
+    _record_failure(catalog, run_pk, key, run, staging, message)
+    if isinstance(err, IoxError):
+        raise RunFailed(message) from err
+    raise err
 
 
 def _record_failure(catalog: Any, run_pk: int, key: Any, run: RunIdentity, staging: Staging, message: str) -> None:
