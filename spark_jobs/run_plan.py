@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", help="write {\"rows\": N} here as JSON")
     args = parser.parse_args(argv)
 
+    return run_job(args.plan, "iox-batch run_plan", lambda spark, plan: run(plan, spark, args), args.metrics)
+
+
+def run_job(plan_file: str, app: str, work: Callable[[Any, Any], int], metrics: str | None) -> int:
+    """What every iox-batch spark-submit job does around its work: load the plan, start the session, turn
+    Spark's errors into one paragraph, write `{"rows": N}` to `metrics`. Returns the exit status."""
     from iox_planner.errors import IoxError
 
     try:
@@ -33,12 +39,12 @@ def main(argv: list[str] | None = None) -> int:
 
         from spark_jobs.executor import build_session, spark_errors
 
-        plan = QueryPlan.from_json(Path(args.plan).read_text())
-        spark = build_session(app="iox-batch run_plan")
+        plan = QueryPlan.from_json(Path(plan_file).read_text())
+        spark = build_session(app=app)
         with spark_errors():
-            rows = run(plan, spark, args)
-        if args.metrics:
-            Path(args.metrics).write_text(json.dumps({"rows": rows}))
+            rows = work(spark, plan)
+        if metrics:
+            Path(metrics).write_text(json.dumps({"rows": rows}))
         spark.stop()
         return 0
     except IoxError as error:

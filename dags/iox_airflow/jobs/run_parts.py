@@ -14,7 +14,6 @@ parquet, or arrow for the commit step to convert). Exit status 0 on success; on 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -32,23 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", default="parquet", choices=["csv", "jsonl", "parquet", "arrow"])
     args = parser.parse_args(argv)
 
-    from iox_planner.errors import IoxError
+    from spark_jobs.run_plan import run_job
 
-    try:
-        from iox_planner.planner.nodes import QueryPlan
-
-        from spark_jobs.executor import build_session, spark_errors
-
-        plan = QueryPlan.from_json(Path(args.plan).read_text())
-        spark = build_session(app=f"iox-batch {args.mode}")
-        with spark_errors():
-            rows = run_part(spark, plan, args) if args.mode == "part" else run_merge(spark, plan, args)
-        Path(args.metrics).write_text(json.dumps({"rows": rows}))
-        spark.stop()
-        return 0
-    except IoxError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    return run_job(args.plan, f"iox-batch {args.mode}",
+                   lambda spark, plan: run_part(spark, plan, args) if args.mode == "part"
+                   else run_merge(spark, plan, args), args.metrics)
 
 
 def run_part(spark: Any, plan: Any, args: argparse.Namespace) -> int:
