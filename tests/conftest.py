@@ -84,3 +84,37 @@ def empty_catalog() -> Iterator[str]:
 
 
 from helpers import run_cli  # noqa: E402,F401  (kept importable from conftest)
+
+
+class Untouched:
+    """A canary folder (files a hostile input might try to replace, read or overwrite), the warehouse and the
+    catalog's row counts, snapshotted; `check()` fails if any of them changed."""
+
+    def __init__(self, canary: Path, warehouse: Path, catalog: Catalog) -> None:
+        from helpers import catalog_counts, tree_digest
+
+        self.canary = canary
+        self.warehouse = warehouse
+        self.catalog = catalog
+        (canary / "keep.txt").write_text("canary\n")
+        (canary / "folder").mkdir()
+        (canary / "folder" / "inner.txt").write_text("inner\n")
+        (canary / ".iox-batch").write_text("a planted marker: must not make anything replaceable\n")
+        self._digest = tree_digest
+        self._counts = catalog_counts
+        self.before = (tree_digest(canary), tree_digest(warehouse), catalog_counts(catalog))
+
+    def check(self) -> None:
+        after = (self._digest(self.canary), self._digest(self.warehouse), self._counts(self.catalog))
+        assert after[0] == self.before[0], "the canary folder changed"
+        assert after[1] == self.before[1], "the warehouse changed"
+        assert after[2] == self.before[2], "the catalog changed"
+
+
+@pytest.fixture
+def untouched(tmp_path: Path, catalog: Catalog) -> Untouched:
+    """Snapshot a canary folder (`untouched.canary`), the warehouse and the catalog; call `.check()` after the
+    hostile command."""
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    return Untouched(canary, Path(os.environ["IOX_WAREHOUSE"]), catalog)

@@ -57,3 +57,33 @@ def run_cli(*args: str, stdin: str | None = None,
     exe = Path(sys.executable).parent / "iox-batch"
     return subprocess.run([str(exe), *args], input=stdin, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=600)
+
+
+def assert_one_paragraph_error(result: object, *needles: str) -> None:
+    """A user's mistake: non-zero exit, one `error: ...` paragraph on stderr, no traceback (Python or Java)."""
+    assert result.returncode != 0, result.stdout  # type: ignore[attr-defined]
+    stderr = result.stderr.strip()  # type: ignore[attr-defined]
+    assert stderr.startswith("error: "), stderr[:2000]
+    assert "\n\n" not in stderr and "Traceback" not in stderr, stderr[:2000]
+    assert "\tat " not in stderr and "py4j" not in stderr, stderr[:2000]
+    for needle in needles:
+        assert needle in stderr, stderr[:2000]
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file under `root` (symlinks as their target text) with a digest of its content: what a hostile
+    input must not change."""
+    import hashlib
+
+    out: dict[str, str] = {}
+    if not root.exists():
+        return out
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = "link:" + os.readlink(path)
+        elif path.is_file():
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+        elif path.is_dir():
+            out[rel] = "dir"
+    return out

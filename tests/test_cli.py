@@ -6,20 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
+from helpers import assert_one_paragraph_error, run_cli
 from helpers import catalog_counts, warehouse_files
 from iox_planner.catalog import Catalog
 
 T0 = 1_704_067_200_000_000_000
-
-
-def assert_one_paragraph_error(result: object, *needles: str) -> None:
-    assert result.returncode != 0, result.stdout  # type: ignore[attr-defined]
-    stderr = result.stderr.strip()  # type: ignore[attr-defined]
-    assert stderr.startswith("error: "), stderr
-    assert "\n\n" not in stderr and "Traceback" not in stderr, stderr
-    for needle in needles:
-        assert needle in stderr, stderr
 
 
 def test_write_from_stdin_then_show(catalog: Catalog, db: str) -> None:
