@@ -78,6 +78,9 @@ DEFAULT_CONF: Mapping[str, str] = {
     "spark.driver.memory": "2g",
     # Parquet output: timestamps as UTC microsecond timestamps (Spark's default is the legacy INT96).
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # User SQL is data: Spark must not replace `${env:HOME}`, `${system:...}`, `${spark:...}` or `${hiveconf:...}`
+    # in it (even inside string literals) with the service's environment, properties or settings.
+    "spark.sql.variable.substitute": "false",
 }
 
 
@@ -536,8 +539,12 @@ def execute(spark: SparkSession, plan: QueryPlan, warehouse: Path, *, strategy: 
 
 
 @contextmanager
-def spark_errors() -> Iterator[None]:
-    """Spark's exceptions as iox-batch errors: one paragraph naming what went wrong."""
+def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
+    """Spark's exceptions as iox-batch errors: one paragraph naming what went wrong, in the user's terms.
+
+    Spark's message is kept to its error class and first sentence (what follows is its plan, the query text with a
+    caret, and suggestions, all in terms of iox-batch's internals); view names become the user's table names and
+    internal columns (`__time_ns`, `__iox_ns_x`, ...) the columns they stand for."""
     from pyspark.errors import PySparkException
 
     from iox_planner.errors import BadQueryError, IoxError
@@ -548,12 +555,39 @@ def spark_errors() -> Iterator[None]:
         raise
     except PySparkException as err:
         condition = err.getCondition() if hasattr(err, "getCondition") else None
-        text = " ".join(str(err).split())
-        if len(text) > 600:
-            text = text[:600] + "..."
+        text = sanitize_spark_message(str(err), plan)
         if condition and ("CANNOT_READ" in condition or "FILE" in condition or "PARQUET" in condition):
             raise CatalogError(f"reading a chunk file failed: {text}") from err
         raise BadQueryError(f"the query failed on Spark: {text}") from err
+
+
+_ERROR_CLASS = re.compile(r"^\s*(\[[A-Z0-9_.]+\])\s*")
+_FIRST_SENTENCE = re.compile(r"^(.*?[.!?])(?=\s|$)")
+_SCAN_VIEW = re.compile(r"`?__iox_scan_(\d+)`?")
+
+
+def sanitize_spark_message(message: str, plan: QueryPlan | None = None) -> str:
+    """Spark's error class and first sentence, on one line, with iox-batch's internal names mapped back."""
+    first_line = message.strip().split("\n", 1)[0]
+    match = _ERROR_CLASS.match(first_line)
+    error_class = match.group(1) + " " if match else ""
+    rest = first_line[match.end():] if match else first_line
+    rest = re.split(r"\s*SQLSTATE:|;\s*line \d+ pos \d+|\s*== SQL", rest, maxsplit=1)[0]
+    sentence = _FIRST_SENTENCE.match(rest)
+    text = (sentence.group(1) if sentence else rest).strip()
+    views = {scan.view: scan.table for scan in plan.scans} if plan is not None else {}
+
+    def view_name(found: re.Match[str]) -> str:
+        view = f"__iox_scan_{found.group(1)}"
+        return f"`{views[view]}`" if view in views else "a table of the query"
+
+    text = _SCAN_VIEW.sub(view_name, text)
+    text = re.sub(r"__iox_ns_(\w+)", r"\1", text)
+    text = re.sub(r"__iox_tns_\d+|__time_ns", "time", text)
+    text = re.sub(r"__chunk_order|__seq|MapInArrow\w*|mapInArrow", "(internal)", text)
+    if len(text) > 600:
+        text = text[:600] + "..."
+    return error_class + (text or "Spark gave no message")
 
 
 # --- results -----------------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def run_job(plan_file: str, app: str, work: Callable[[Any, Any], int], metrics: 
 
         plan = QueryPlan.from_json(Path(plan_file).read_text())
         spark = build_session(app=app)
-        with spark_errors():
+        with spark_errors(plan):
             rows = work(spark, plan)
         if metrics:
             Path(metrics).write_text(json.dumps({"rows": rows}))

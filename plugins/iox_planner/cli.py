@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 from rich.console import Console
 
 from . import __version__
-from .errors import BadInputError, IoxError
+from .errors import BadInputError, IoxError, clip_message
 
 # Off a terminal (pipes, files, CI logs) rich would wrap tables at 80 columns: never wrap there, since a
 # reader of piped output wants whole lines.
@@ -152,6 +152,45 @@ def _add_db(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--db", required=required, help="database name ([A-Za-z0-9_-]{1,64})")
 
 
+def _add_sql(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sql", metavar="SQL", nargs="?", help="the query (or use --sql-file)")
+    p.add_argument("--sql-file", metavar="PATH|-",
+                   help="read the query from this UTF-8 file, or - for standard input, instead of the SQL argument")
+
+
+def _resolve_sql(args: argparse.Namespace) -> None:
+    """Exactly one of the SQL argument and --sql-file; the file's text becomes `args.sql`."""
+    if not hasattr(args, "sql_file"):
+        return
+    if args.sql_file is not None and args.sql is not None:
+        raise BadInputError("give the query either as the SQL argument or with --sql-file, not both")
+    if args.sql_file is None and args.sql is None:
+        raise BadInputError("no query given: pass the SQL as an argument or with --sql-file PATH (- for standard "
+                            "input)")
+    if args.sql_file is not None:
+        from .planner.limits import read_sql_file
+
+        args.sql = read_sql_file(args.sql_file)
+
+
+def _check_argv(args: argparse.Namespace) -> None:
+    """Arguments are text: an invalid UTF-8 byte in argv reaches Python as a lone surrogate, which Spark's JVM
+    side would fail on with a traceback."""
+    from .planner.limits import check_text
+
+    for name, value in vars(args).items():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):
+                what = "the SQL argument" if name == "sql" else f"argument --{name.replace('_', '-')}"
+                check_text(item, what)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        # argparse quotes the offending value: a hostile one may be megabytes long.
+        super().error(clip_message(message))
+
+
 def _add_query_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="bound parameter for :NAME in the SQL (repeatable)")
@@ -162,7 +201,7 @@ def _add_query_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="iox-batch",
         description="Batch SQL over IOx-style time-series data: catalog, ingest, planner, Spark execution.",
     )
@@ -218,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     explain = sub.add_parser("explain", help="show the optimized physical plan of a query")
     _add_db(explain, required=False)
-    explain.add_argument("sql", metavar="SQL")
+    _add_sql(explain)
     explain.add_argument("--chunks", metavar="SCENARIO.yaml",
                          help="plan against this scenario's chunk metadata alone (no catalog, no Spark, no data)")
     explain.add_argument("--format", choices=["tree", "yaml", "json"], default="tree")
@@ -228,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     query = sub.add_parser("query", help="plan and run a query on Spark")
     _add_db(query)
-    query.add_argument("sql", metavar="SQL")
+    _add_sql(query)
     query.add_argument("--format", choices=["table", "csv", "jsonl", "parquet"], default="table")
     query.add_argument("--output", metavar="PATH",
                        help="write here (a file for csv/jsonl, a folder for parquet) instead of standard output")
@@ -242,9 +281,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        _check_argv(args)
+        _resolve_sql(args)
         return func(args)
     except IoxError as error:
-        err.print(f"error: {error}", markup=False)
+        err.print(clip_message(f"error: {error}"), markup=False)
         return error.exit_code
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)
@@ -256,8 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - the last line of defence: one paragraph, no traceback
         if os.environ.get("IOX_DEBUG"):
             raise
-        err.print(f"internal error: {type(error).__name__}: {error} (set IOX_DEBUG=1 for the traceback, and "
-                  "please report it)", markup=False)
+        err.print(clip_message(f"internal error: {type(error).__name__}: {error}") + " (set IOX_DEBUG=1 for the "
+                  "traceback, and please report it)", markup=False)
         return 70
 
 

@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+MAX_MESSAGE_CHARS = 2_000
+"""A user-facing error message is cut to this many characters: one that quotes a whole hostile input (a query of
+a megabyte, say) helps nobody and floods logs and the catalog's run records."""
+
+
+def clip_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`text` cut at `limit` characters, with a note saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    keep = limit - 60
+    return text[:keep] + f" ... [message cut: {len(text) - keep:,} more characters]"
+
 
 class IoxError(Exception):
-    """Base of every error iox-batch raises on purpose. The CLI prints its message as one paragraph."""
+    """Base of every error iox-batch raises on purpose. The CLI prints its message as one paragraph, and no
+    message is longer than `MAX_MESSAGE_CHARS`, wherever it is shown (CLI, Spark job, Airflow run records)."""
 
     exit_code = 1
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        super().__init__(clip_message(str(message)), *args)
 
 
 class BadInputError(IoxError):

@@ -49,7 +49,7 @@ def run_in_process(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdo
                    strategy: str | None = None) -> int:
     from spark_jobs.executor import execute, materialize, spark_errors
 
-    with spark_errors():
+    with spark_errors(plan):
         execution = execute(session(), plan, warehouse(), strategy=strategy)
         return materialize(execution.result, fmt.value, output, stdout)
 
@@ -132,7 +132,7 @@ def analyze(plan: QueryPlan) -> str:
     from .planner.nodes import DeduplicateExec, PlanNode
 
     started = time.perf_counter()
-    with spark_errors():
+    with spark_errors(plan):
         execution = execute(session(), plan, warehouse(), analyze=True)
         rows = execution.result.count()
     elapsed = time.perf_counter() - started

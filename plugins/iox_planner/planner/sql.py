@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Literal, Mapping, Sequence
 
@@ -31,9 +33,12 @@ from sqlglot import exp
 from sqlglot.optimizer.qualify import qualify
 from sqlglot.optimizer.scope import Scope, build_scope, traverse_scope
 from sqlglot.schema import MappingSchema
+from sqlglot.tokenizer_core import Token, TokenType
 
 from ..errors import BadInputError, BadQueryError, UnsupportedError
 from ..model import TIME, ColumnType, TableSchema
+from .functions import ALLOWED, HINTS, REFUSED, SYNTAX
+from .limits import SqlLimits, check_size, check_text, depth_error, nodes_error
 from .nodes import ParamValue
 from .predicate import SPARK, Conjunct, column, identifier, split_conjuncts, to_sql
 
@@ -85,12 +90,6 @@ class AnalyzedQuery:
     time_columns: tuple[str, ...]
 
 
-# Functions that reach outside the catalog (the JVM, files, the network, secrets), by name without underscores.
-_FORBIDDEN_FUNCTIONS = frozenset(
-    """reflect javamethod tryreflect readfiles inputfilename inputfileblockstart inputfileblocklength httprequest
-    secret trysecret readkafka readkinesis readpubsub readpulsar readstatestore readstatemetadata cloudfilesstate
-    listsecrets""".split()
-)
 _NOW_FUNCTIONS = frozenset({"now", "currenttimestamp", "localtimestamp", "getdate"})
 _NOW_CLASSES = (exp.CurrentTimestamp, exp.CurrentTimestampLTZ, exp.Localtimestamp, exp.CurrentDatetime,
                 exp.UtcTimestamp)
@@ -147,48 +146,240 @@ def analyze(sql: str, tables: Mapping[str, TableSchema], *, params: Mapping[str,
 # Checks on the statement as written
 
 
-def _parse(sql: str) -> exp.Query:
+def _parse(sql: str, limits: SqlLimits | None = None) -> exp.Query:
+    """The one SELECT of `sql`, within the limits: size and text before tokenizing, nesting before parsing (the
+    parser recurses once per level), syntax nodes after. AND/OR chains come back balanced (see `_balance`)."""
+    limits = limits or SqlLimits.from_env()
+    if not isinstance(sql, str):
+        raise BadQueryError(f"the SQL must be text, not {type(sql).__name__}")
+    check_text(sql)
+    check_size(sql, limits)
     try:
-        statements = [s for s in sqlglot.parse(sql, dialect=SPARK) if s is not None]
+        tokens = SPARK.tokenize(sql)
+    except sqlglot.errors.SqlglotError as err:
+        raise BadQueryError(f"the SQL does not parse: {err}") from err
+    _check_tokens(tokens, limits)
+    try:
+        with _stack_for(limits):
+            statements = [s for s in SPARK.parser().parse(tokens, sql) if s is not None]
     except sqlglot.errors.ParseError as err:
         first = err.errors[0] if err.errors else {}
         where = f" at line {first.get('line')}, column {first.get('col')}" if first.get("line") else ""
-        near = f" near {first.get('highlight')!r}" if first.get("highlight") else ""
+        near = f" near {str(first.get('highlight'))[:80]!r}" if first.get("highlight") else ""
         why = first.get("description") or str(err)
         raise BadQueryError(f"the SQL does not parse{where}{near}: {why}") from err
-    except sqlglot.errors.TokenError as err:
-        raise BadQueryError(f"the SQL does not parse: {err}") from err
+    except RecursionError as err:
+        raise BadQueryError(f"the SQL nests too deeply to parse; flatten it (limit: IOX_MAX_SQL_DEPTH="
+                            f"{limits.max_depth})") from err
+    except (sqlglot.errors.SqlglotError, ValueError, IndexError, KeyError, TypeError, AttributeError) as err:
+        # sqlglot fails on some Spark-only shapes with a bare exception (MAP ... USING raises IndexError).
+        raise BadQueryError(f"the SQL does not parse ({type(err).__name__}); iox-batch takes one plain SELECT "
+                            "over catalog tables") from err
     if len(statements) != 1:
         raise BadQueryError(f"expected exactly one SQL statement, got {len(statements)}; send one SELECT")
     statement = statements[0]
     if not isinstance(statement, exp.Query):
         kind = type(statement).__name__.upper()
         raise BadQueryError(f"only a SELECT query can run here, not a {kind} statement")
+    statement = _balance(statement)
+    _check_tree(statement, limits)
     return statement
 
 
+# Tokens that open and close a nesting level of the parser's recursion.
+_OPENS = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE, TokenType.CASE}
+_CLOSES = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE, TokenType.END}
+# A unary operator repeated (NOT NOT NOT x, - - - x) also recurses once per token.
+_UNARY = {TokenType.NOT, TokenType.DASH, TokenType.PLUS, TokenType.TILDE}
+
+
+def _check_tokens(tokens: Sequence[Token], limits: SqlLimits) -> None:
+    """Nesting within the limit, and no script transform (`TRANSFORM|MAP|REDUCE ... USING 'script'`): a USING
+    followed by a string is only ever a script (a join's USING takes a column list)."""
+    depth = deepest = unary = 0
+    for i, token in enumerate(tokens):
+        kind = token.token_type
+        if kind in _OPENS:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif kind in _CLOSES:
+            depth = max(depth - 1, 0)
+        unary = unary + 1 if kind in _UNARY else 0
+        if deepest > limits.max_depth or unary > limits.max_depth:
+            raise depth_error(max(deepest, unary), limits)
+        if kind is TokenType.USING and i + 1 < len(tokens) and tokens[i + 1].token_type is TokenType.STRING:
+            raise UnsupportedError("SELECT TRANSFORM/MAP/REDUCE ... USING runs an external script and is not "
+                                   "allowed; compute the columns with SQL functions instead")
+
+
+@contextmanager
+def _stack_for(limits: SqlLimits) -> Iterator[None]:
+    """Room on the Python stack for the parser's recursion at the allowed depth (it takes about 25 frames per
+    level, and CPython's default of 1,000 frames stops it near 40)."""
+    needed = 2_000 + 40 * limits.max_depth
+    saved = sys.getrecursionlimit()
+    if saved < needed:
+        sys.setrecursionlimit(needed)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(saved)
+
+
+def _balance(statement: exp.Query) -> exp.Query:
+    """Each chain of ANDs (or of ORs) rebuilt as a balanced tree of the same operands in the same order.
+
+    The parser builds `a OR b OR c ...` as a left-deep chain as deep as it is long; sqlglot's scope analysis
+    walks from every column up to its SELECT, so 10,000 ORs cost 10,000 x 10,000 steps, and splitting conjuncts
+    recursed once per AND. AND and OR are associative in SQL's three-valued logic and the operand order is kept,
+    so the query means the same and prints the same (`a OR b OR c OR d`, no parentheses added)."""
+    heads = [n for n in statement.walk() if isinstance(n, (exp.And, exp.Or)) and type(n.parent) is not type(n)]
+    for head in heads:
+        operands: list[exp.Expr] = []
+        stack: list[exp.Expr] = [head]
+        while stack:
+            node = stack.pop()
+            if type(node) is type(head) and not node.comments:
+                stack.append(node.expression)
+                stack.append(node.this)
+            else:
+                operands.append(node)
+        if len(operands) > 3:
+            balanced = _balanced(type(head), operands)
+            balanced.comments = head.comments
+            head.replace(balanced)
+    return statement
+
+
+def _balanced(kind: type[exp.Connector], operands: Sequence[exp.Expr]) -> exp.Expr:
+    if len(operands) == 1:
+        return operands[0]
+    middle = len(operands) // 2
+    return kind(this=_balanced(kind, operands[:middle]), expression=_balanced(kind, operands[middle:]))
+
+
+def _check_tree(statement: exp.Query, limits: SqlLimits) -> None:
+    """Syntax nodes and their depth within the limits (iteratively: the tree may be deeper than the stack)."""
+    nodes = 0
+    # The syntax tree is several nodes deep per nesting level of the text (Paren, operator, Column, Identifier).
+    max_tree_depth = 8 * limits.max_depth + 32
+    stack: list[tuple[exp.Expr, int]] = [(statement, 0)]
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > limits.max_nodes:
+            raise nodes_error(limits.max_nodes, limits)
+        if depth > max_tree_depth:
+            raise BadQueryError(f"the SQL's expressions nest over {max_tree_depth} levels deep (a long chain of "
+                                f"+, || or comparisons, say); flatten it or raise IOX_MAX_SQL_DEPTH (now "
+                                f"{limits.max_depth})")
+        for child in node.iter_expressions():
+            stack.append((child, depth + 1))
+
+
 def _reject_outside(statement: exp.Query) -> None:
-    """Only catalog tables and functions that stay inside the query: no JVM calls, files, paths or scripts."""
+    """Only catalog tables and functions that read nothing but their arguments (`functions.ALLOWED`, checked on
+    the name Spark resolves in every spelling); no JVM calls, files, paths, scripts, variables or UDFs."""
     for node in statement.walk():
-        if isinstance(node, exp.Anonymous):
-            name = str(node.this)
-            if name.lower().replace("_", "") in _FORBIDDEN_FUNCTIONS:
-                raise UnsupportedError(f"function {name}() reaches outside the catalog and is not allowed; "
-                                       "queries may only read catalog tables")
+        if isinstance(node, exp.Func):
+            _check_function(node)
+        elif isinstance(node, exp.Dot) and isinstance(node.expression, exp.Func):
+            raise UnsupportedError(f"function name {_shorten(node)} is qualified; call Spark built-in functions "
+                                   "by their bare name (e.g. abs(x), not system.builtin.abs(x))")
         elif isinstance(node, exp.QueryTransform):
             raise UnsupportedError("SELECT TRANSFORM ... USING runs an external script and is not allowed")
+        elif isinstance(node, (exp.Parameter, exp.SessionParameter)):
+            raise UnsupportedError(f"{_shorten(node)} is a variable reference, which iox-batch does not "
+                                   "substitute; pass values as bound parameters (:name with --param name=value)")
+        elif isinstance(node, exp.Hint):
+            for hint in node.expressions:
+                name = hint.name if isinstance(hint, (exp.JoinHint, exp.Anonymous)) else hint.sql(dialect=SPARK)
+                if str(name).lower() not in HINTS:
+                    raise UnsupportedError(f"hint {str(name)[:80]!r} is not allowed; allowed hints: "
+                                           f"{', '.join(sorted(h.upper() for h in HINTS))}")
+        elif isinstance(node, exp.Lateral) and not isinstance(node.this, (exp.Func, exp.Subquery)):
+            raise UnsupportedError(f"LATERAL {_shorten(node.this)} is not allowed; LATERAL takes a subquery or "
+                                   "a generator function such as explode(...)")
         elif isinstance(node, exp.Table):
             if node.args.get("db") or node.args.get("catalog"):
                 raise UnsupportedError(
-                    f"table {node.sql(dialect=SPARK)!r} names a database, a file format or a path; "
+                    f"table {_shorten(node)} names a database, a file format or a path; "
                     "only catalog tables are allowed, named without a prefix (e.g. FROM h2o)")
             if not isinstance(node.this, exp.Identifier):
                 function = node.this
-                name = str(function.this) if isinstance(function, exp.Anonymous) else function.sql(dialect=SPARK)
-                raise UnsupportedError(f"table function {name}() is not allowed in FROM; only catalog tables are "
-                                       "allowed there")
-            if any(ch in node.name for ch in "/:\\"):
-                raise UnsupportedError(f"{node.name!r} looks like a path; only catalog tables are allowed in FROM")
+                name = function.name if isinstance(function, exp.Anonymous) else _shorten(function)
+                raise UnsupportedError(f"table function {str(name)[:80]}() is not allowed in FROM; only catalog "
+                                       "tables are allowed there")
+            if any(ch in node.name for ch in "/:\\.") or not node.name.strip():
+                raise UnsupportedError(f"{node.name[:80]!r} looks like a path; only catalog tables are allowed "
+                                       "in FROM")
+
+
+def _check_function(node: exp.Func) -> None:
+    if isinstance(node.parent, exp.Dot) and node.arg_key == "expression":
+        raise UnsupportedError(f"function name {_shorten(node.parent)} is qualified; call Spark built-in "
+                               "functions by their bare name (e.g. abs(x), not system.builtin.abs(x))")
+    for name in _spark_names(node):
+        if name.lower() not in ALLOWED and name.lower() not in SYNTAX:
+            why = (" (it reaches outside the query's data)" if name.lower() in REFUSED else "")
+            raise UnsupportedError(f"function {name[:80]}() is not in the allowed list of Spark built-in "
+                                   f"functions{why}; queries may call only functions that read nothing but "
+                                   "their arguments (see iox_planner/planner/functions.py)")
+
+
+def _spark_names(node: exp.Func) -> list[str]:
+    """The function names Spark resolves for `node`: the name as written for a call sqlglot does not know, and
+    for one it does, every name in the SQL it generates for it (a typed class may print as another function or
+    as several), found by printing the node with its arguments stubbed out (cheap, and linear in the query)."""
+    if isinstance(node, exp.Anonymous):
+        return [node.name]
+    stub = type(node)()
+    for key, value in node.args.items():
+        if isinstance(value, list):
+            stub.set(key, [_stub(v) for v in value])
+        else:
+            stub.set(key, _stub(value))
+    cached = _NAMES.get(stub)
+    if cached is not None:
+        return cached
+    try:
+        text = stub.sql(dialect=SPARK)
+    except Exception:  # noqa: BLE001 - a stub some generator cannot print: print the node itself
+        text = node.sql(dialect=SPARK)
+    tokens = SPARK.tokenize(text)
+    names = []
+    for i, token in enumerate(tokens):
+        word = token.text
+        if not word or not (word[0].isalpha() or word[0] == "_") or token.token_type is TokenType.STRING:
+            continue
+        follows_paren = i + 1 < len(tokens) and tokens[i + 1].token_type is TokenType.L_PAREN
+        if i == 0 and word != _STUB or follows_paren:
+            names.append(word)
+    if len(_NAMES) < 4_096:
+        _NAMES[stub] = names
+    return names
+
+
+# Stubs print the same whenever they are equal (sqlglot compares trees by structure): the names of each stub
+# shape, printed once per process. Bounded, since a stub keeps the small constants of its node.
+_NAMES: dict[exp.Expr, list[str]] = {}
+_STUB = "__iox_arg"
+
+
+def _stub(value: object) -> object:
+    """An argument as the stub keeps it: small constants that decide how a function prints, else a column."""
+    if isinstance(value, (exp.Literal, exp.Var, exp.DataType, exp.Boolean, exp.Null, exp.Star, exp.Identifier)):
+        return value.copy()
+    if isinstance(value, exp.Array):  # MAP(keys, values) prints differently unless its arguments are arrays
+        return exp.Array(expressions=[_stub(v) for v in value.expressions])
+    if isinstance(value, exp.Expr):
+        return exp.column(_STUB)
+    return value
+
+
+def _shorten(node: exp.Expr) -> str:
+    text = node.sql(dialect=SPARK)
+    return repr(text if len(text) <= 80 else text[:80] + "...")
 
 
 def _check_params(statement: exp.Query, params: Mapping[str, object]) -> dict[str, ParamValue]:
@@ -213,6 +404,11 @@ def _check_params(statement: exp.Query, params: Mapping[str, object]) -> dict[st
         if value is not None and not isinstance(value, (str, int, float, bool)):
             raise BadInputError(f"parameter {name} has a value of type {type(value).__name__}; parameters are "
                                 "strings, numbers, booleans or null")
+        if isinstance(value, str):
+            check_text(value, f"the value of parameter {name}")
+            if len(value.encode("utf-8")) > SqlLimits.from_env().max_bytes:
+                raise BadInputError(f"the value of parameter {name} is longer than IOX_MAX_SQL_BYTES allows; "
+                                    "shorten it or raise the limit")
         bound[name] = value
     return bound
 

@@ -1,0 +1,110 @@
+"""Limits on the SQL a user sends, checked before anything expensive runs on it.
+
+The SQL front end (sqlglot) parses by recursive descent, so nesting costs Python stack, and its scope analysis
+walks from each column to its ancestors, so a deep expression costs time with the square of its size. Every limit
+here fails fast with an error naming it and the variable that raises it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import BadInputError, BadQueryError
+
+DEFAULT_MAX_SQL_BYTES = 1_048_576
+DEFAULT_MAX_SQL_DEPTH = 64
+DEFAULT_MAX_SQL_NODES = 500_000
+_FLOORS = {"IOX_MAX_SQL_BYTES": 64, "IOX_MAX_SQL_DEPTH": 4, "IOX_MAX_SQL_NODES": 64}
+# Never raised past these, whatever the environment says: beyond them the parser's recursion (about 25 Python
+# frames per nesting level) or memory would fail with something worse than a clear error.
+_CEILINGS = {"IOX_MAX_SQL_BYTES": 64 * 1_048_576, "IOX_MAX_SQL_DEPTH": 256, "IOX_MAX_SQL_NODES": 20_000_000}
+
+
+@dataclass(frozen=True)
+class SqlLimits:
+    max_bytes: int = DEFAULT_MAX_SQL_BYTES
+    """The SQL text's size in UTF-8 bytes (`IOX_MAX_SQL_BYTES`)."""
+    max_depth: int = DEFAULT_MAX_SQL_DEPTH
+    """How deep parentheses, brackets and CASE ... END may nest (`IOX_MAX_SQL_DEPTH`)."""
+    max_nodes: int = DEFAULT_MAX_SQL_NODES
+    """Syntax-tree nodes of the parsed query (`IOX_MAX_SQL_NODES`)."""
+
+    @staticmethod
+    def from_env() -> SqlLimits:
+        return SqlLimits(_env_int("IOX_MAX_SQL_BYTES", DEFAULT_MAX_SQL_BYTES),
+                         _env_int("IOX_MAX_SQL_DEPTH", DEFAULT_MAX_SQL_DEPTH),
+                         _env_int("IOX_MAX_SQL_NODES", DEFAULT_MAX_SQL_NODES))
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        value = -1
+    low, high = _FLOORS[name], _CEILINGS[name]
+    if not low <= value <= high:
+        raise BadInputError(f"{name}={text[:40]!r} is not allowed; set a whole number from {low:,} to {high:,} "
+                            "or unset it")
+    return value
+
+
+def check_text(text: str, what: str = "the SQL") -> None:
+    """Text that came from outside: no NUL, and valid UTF-8 (a lone surrogate is what Python makes of an invalid
+    byte in argv or a file read with `surrogateescape`; Spark's JVM side fails on it with a traceback)."""
+    nul = text.find("\x00")
+    if nul >= 0:
+        raise BadInputError(f"{what} contains a NUL character at offset {nul}; remove it")
+    for offset, ch in enumerate(text):
+        if "\ud800" <= ch <= "\udfff":
+            raw = ord(ch) - 0xDC00 if "\udc80" <= ch <= "\udcff" else None
+            byte = f" (byte 0x{raw:02x})" if raw is not None else ""
+            raise BadInputError(f"{what} is not valid UTF-8{byte} at character {offset}; send UTF-8 text")
+
+
+def check_size(sql: str, limits: SqlLimits) -> None:
+    size = len(sql.encode("utf-8"))
+    if size > limits.max_bytes:
+        raise BadQueryError(f"the SQL is {size:,} bytes, over the limit of {limits.max_bytes:,}; shorten it (an "
+                            "IN list or a parameter instead of many ORs) or raise IOX_MAX_SQL_BYTES")
+
+
+def depth_error(depth: int, limits: SqlLimits) -> BadQueryError:
+    return BadQueryError(f"the SQL nests {depth} levels deep (parentheses, brackets, CASE or subqueries), over the "
+                         f"limit of {limits.max_depth}; flatten it or raise IOX_MAX_SQL_DEPTH")
+
+
+def nodes_error(nodes: int, limits: SqlLimits) -> BadQueryError:
+    return BadQueryError(f"the SQL has over {nodes:,} syntax nodes, over the limit of {limits.max_nodes:,}; shorten "
+                         "it or raise IOX_MAX_SQL_NODES")
+
+
+def read_sql_file(path: str, limits: SqlLimits | None = None) -> str:
+    """The SQL of `--sql-file PATH|-`: at most the size limit (never more is read), strict UTF-8."""
+    import sys
+
+    limits = limits or SqlLimits.from_env()
+    name = "standard input" if path == "-" else repr(path)
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(limits.max_bytes + 1)
+        else:
+            with open(path, "rb") as handle:
+                data = handle.read(limits.max_bytes + 1)
+    except OSError as err:
+        raise BadInputError(f"cannot read the SQL file {name}: {err.strerror or err}; give a readable file or - "
+                            "for standard input") from err
+    if len(data) > limits.max_bytes:
+        raise BadQueryError(f"the SQL in {name} is over the limit of {limits.max_bytes:,} bytes; shorten it or "
+                            "raise IOX_MAX_SQL_BYTES")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BadInputError(f"the SQL in {name} is not valid UTF-8 (byte 0x{data[err.start]:02x} at offset "
+                            f"{err.start}); save it as UTF-8") from err
+    if text.startswith("\ufeff"):  # a byte-order mark some editors write: not part of the query
+        text = text[1:]
+    return text
