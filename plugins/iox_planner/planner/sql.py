@@ -207,6 +207,10 @@ def _check_tokens(tokens: Sequence[Token], limits: SqlLimits) -> None:
         unary = unary + 1 if kind in _UNARY else 0
         if deepest > limits.max_depth or unary > limits.max_depth:
             raise depth_error(max(deepest, unary), limits)
+        if kind is TokenType.PARAMETER:
+            raise UnsupportedError(f"{token.text}... at line {token.line}, column {token.col} is a variable "
+                                   "reference (${...}, @@...), which iox-batch does not substitute; pass values "
+                                   "as bound parameters (:name with --param name=value)")
         if kind is TokenType.USING and i + 1 < len(tokens) and tokens[i + 1].token_type is TokenType.STRING:
             raise UnsupportedError("SELECT TRANSFORM/MAP/REDUCE ... USING runs an external script and is not "
                                    "allowed; compute the columns with SQL functions instead")
