@@ -129,7 +129,7 @@ def analyze(sql: str, tables: Mapping[str, TableSchema], *, params: Mapping[str,
             now_ns: int) -> AnalyzedQuery:
     """Check the query and derive, for each table reference, what its scan must produce."""
     statement = _parse(sql)
-    _reject_outside(statement)
+    _reject_outside(statement, tables)
     bound = _check_params(statement, params or {})
     refs = _tag_table_references(statement, tables)
     shape = _tag_nodes(statement)
@@ -281,11 +281,19 @@ def _check_tree(statement: exp.Query, limits: SqlLimits) -> None:
             stack.append((child, depth + 1))
 
 
-def _reject_outside(statement: exp.Query) -> None:
+def _reject_outside(statement: exp.Query, tables: Mapping[str, TableSchema] | None = None) -> None:
     """Only catalog tables and functions that read nothing but their arguments (`functions.ALLOWED`, checked on
     the name Spark resolves in every spelling); no JVM calls, files, paths, scripts, variables or UDFs."""
+    columns = {c for schema in (tables or {}).values() for c in schema.columns}
     for node in statement.walk():
-        if isinstance(node, exp.Func):
+        if isinstance(node, exp.Column) and not node.table and isinstance(node.this, exp.Identifier):
+            # Spark reads a bare `user` or `current_schema` that names no column as a call of that function
+            # (and sqlglot does not check every place a column can stand, HAVING and QUALIFY among them).
+            if node.name.lower() in REFUSED and node.name not in columns:
+                raise UnsupportedError(f"{node.name[:80]!r} is not a column of the query's tables, and Spark would "
+                                       f"call the function {node.name.lower()}() for it, which is not in the "
+                                       "allowed list; name a column (qualify it: t.col) or rename the alias")
+        elif isinstance(node, exp.Func):
             _check_function(node)
         elif isinstance(node, exp.Dot) and isinstance(node.expression, exp.Func):
             raise UnsupportedError(f"function name {_shorten(node)} is qualified; call Spark built-in functions "
