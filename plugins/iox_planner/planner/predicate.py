@@ -71,14 +71,18 @@ class Conjunct:
 
 
 def split_conjuncts(expression: exp.Expr) -> Iterator[exp.Expr]:
-    """The AND-conjuncts of an expression, looking through parentheses."""
-    while isinstance(expression, exp.Paren):
-        expression = expression.this
-    if isinstance(expression, exp.And):
-        yield from split_conjuncts(expression.this)
-        yield from split_conjuncts(expression.expression)
-    else:
-        yield expression
+    """The AND-conjuncts of an expression, left to right, looking through parentheses. Iterative: a predicate
+    parsed back from plan JSON is a left-deep chain as deep as it has conjuncts."""
+    stack = [expression]
+    while stack:
+        node = stack.pop()
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.And):
+            stack.append(node.expression)
+            stack.append(node.this)
+        else:
+            yield node
 
 
 def predicate_sql(conjuncts: Iterable[Conjunct]) -> str:
