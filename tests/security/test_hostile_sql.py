@@ -286,6 +286,20 @@ def test_nesting_up_to_the_limit_plans(h2o_source: Any) -> None:
     plan_query(sql, h2o_source, now_ns=0)
 
 
+@pytest.mark.parametrize("shape", ["subquery", "function", "in"])
+def test_nesting_up_to_the_highest_limit_plans(h2o_source: Any, monkeypatch: pytest.MonkeyPatch,
+                                               shape: str) -> None:
+    """At IOX_MAX_SQL_DEPTH=256 (the highest allowed), 250 levels plan: sqlglot's analysis recursed past
+    Python's default stack at about 100."""
+    monkeypatch.setenv("IOX_MAX_SQL_DEPTH", "256")
+    d = 250
+    sql = {"subquery": "SELECT city FROM " + "(SELECT city FROM " * d + "h2o" + ") s" * d,
+           "function": "SELECT " + "abs(" * d + "min_temp" + ")" * d + " AS a FROM h2o",
+           "in": "SELECT city FROM h2o WHERE " + "city IN (SELECT city FROM h2o WHERE " * 120 + "true" + ")" * 120,
+           }[shape]
+    plan_query(sql, h2o_source, now_ns=0)
+
+
 def test_sql_over_the_size_limit_is_refused_before_parsing(h2o_source: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IOX_MAX_SQL_BYTES", "1000")
     sql = "SELECT city FROM h2o WHERE city IN (" + ", ".join(f"'c{i}'" for i in range(500)) + ")"

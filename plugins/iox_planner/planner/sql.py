@@ -22,11 +22,12 @@ set a star or a column list would see change), the column keeps Spark's microsec
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Literal, Mapping, Sequence
+from typing import Callable, Iterator, Literal, Mapping, ParamSpec, Sequence, TypeVar
 
 import sqlglot
 from sqlglot import exp
@@ -123,8 +124,26 @@ _TS_TEXT = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})(?:[ T](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,6}))?)?(Z|[+-]\d{2}:\d{2})?)?"
 )
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
+def _within_limits(func: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Analysis with room on the stack for the nesting the limits allow (sqlglot's scopes, qualify and printing
+    recurse once per level too); should a query still go deeper, an error saying so, not a RecursionError."""
+    @functools.wraps(func)
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        limits = SqlLimits.from_env()
+        try:
+            with _stack_for(limits):
+                return func(*args, **kwargs)
+        except RecursionError as err:
+            raise BadQueryError(f"the SQL nests too deeply to analyze; flatten it (limit: IOX_MAX_SQL_DEPTH="
+                                f"{limits.max_depth})") from err
+    return guarded
+
+
+@_within_limits
 def analyze(sql: str, tables: Mapping[str, TableSchema], *, params: Mapping[str, object] | None = None,
             now_ns: int) -> AnalyzedQuery:
     """Check the query and derive, for each table reference, what its scan must produce."""
