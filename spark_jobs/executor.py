@@ -559,6 +559,16 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
         if condition and ("CANNOT_READ" in condition or "FILE" in condition or "PARQUET" in condition):
             raise CatalogError(f"reading a chunk file failed: {text}") from err
         raise BadQueryError(f"the query failed on Spark: {text}") from err
+    except Exception as err:
+        from py4j.protocol import Py4JJavaError
+
+        if not isinstance(err, Py4JJavaError) or os.environ.get("IOX_DEBUG"):
+            raise
+        # A JVM exception PySpark does not convert: its text is "An error occurred while calling oN.x.\n:
+        # <java class>: <message>" followed by the Java stack. Keep the exception's own first line.
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        java = lines[1].lstrip(": ").strip() if len(lines) > 1 else (lines[0] if lines else "")
+        raise IoxError(f"the query failed on Spark: {sanitize_spark_message(java, plan)}") from err
 
 
 _ERROR_CLASS = re.compile(r"^\s*(\[[A-Z0-9_.]+\])\s*")
