@@ -560,9 +560,8 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
             raise CatalogError(f"reading a chunk file failed: {text}") from err
         raise BadQueryError(f"the query failed on Spark: {text}") from err
     except Exception as err:
-        from py4j.protocol import Py4JJavaError
-
-        if not isinstance(err, Py4JJavaError) or os.environ.get("IOX_DEBUG"):
+        # py4j ships no type information; its error class is known by name.
+        if type(err).__name__ != "Py4JJavaError" or os.environ.get("IOX_DEBUG"):
             raise
         # A JVM exception PySpark does not convert: its text is "An error occurred while calling oN.x.\n:
         # <java class>: <message>" followed by the Java stack. Keep the exception's own first line.
