@@ -589,16 +589,27 @@ def test_a_huge_error_is_cut_at_the_cli(h2o_db: str) -> None:
     assert len(result.stderr) < 2_100
 
 
+SPARK_ERRORS = [
+    ("SELECT CAST(city AS INT) AS n FROM h2o", "[CAST_INVALID_INPUT]"),
+    ("SELECT array_contains(city, 1) AS x FROM h2o", "[DATATYPE_MISMATCH"),
+    ("SELECT a.city FROM h2o a JOIN h2o b ON a.time = b.time WHERE a.city + 1 > b.state", "["),
+    ("SELECT 1 / 0 AS x FROM h2o", "[DIVIDE_BY_ZERO]"),
+]
+
+
 @pytest.mark.spark
 def test_a_spark_error_keeps_its_class_and_drops_the_plan(spark: Any, catalog: Any, h2o_db: str) -> None:
     from iox_planner import runner
     from iox_planner.catalog import CatalogSource
     from iox_planner.output import OutputFormat
 
-    plan = plan_query("SELECT CAST(city AS INT) AS n FROM h2o", CatalogSource(catalog, h2o_db))
-    with pytest.raises(IoxError) as caught:
-        runner.run_in_process(plan, OutputFormat.JSONL, None, io.StringIO())
-    message = str(caught.value)
-    assert "[CAST_INVALID_INPUT]" in message, message
-    for internal in ("__iox_scan_", "__time_ns", "__iox_ns_", "MapInArrow", "Project [", "\n", "SQLSTATE"):
-        assert internal not in message, message
+    for sql, error_class in SPARK_ERRORS:
+        plan = plan_query(sql, CatalogSource(catalog, h2o_db))
+        with pytest.raises(IoxError) as caught:
+            runner.run_in_process(plan, OutputFormat.JSONL, None, io.StringIO())
+        message = str(caught.value)
+        assert message.startswith("the query failed on Spark: " + error_class), message
+        for internal in ("__iox_scan_", "__time_ns", "__iox_ns_", "MapInArrow", "Project [", "\n", "SQLSTATE",
+                         "SubqueryAlias", "== SQL"):
+            assert internal not in message, (sql, message)
+        assert len(message) < 800, message
