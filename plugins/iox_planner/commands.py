@@ -23,6 +23,10 @@ def plan_from_args(args: argparse.Namespace) -> Any:
 
     settings = PlannerSettings.from_env(parse_assignments(args.settings, "--set"))
     params = parse_assignments(args.param, "--param")
+    from .catalog import check_name
+
+    for name in params:
+        check_name(name, "--param name")
     lo, hi = time_range(args.time_start, args.time_end)
     if getattr(args, "chunks", None):
         from .scenario import read_scenario, scenario_source

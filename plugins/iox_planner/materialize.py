@@ -445,7 +445,7 @@ def _register(
             path=rel, min_time=mm["min"], max_time=mm["max"], row_count=rows.num_rows, file_size=size,
             column_names=storage.column_layout(columns),
             tag_ranges={k: list(v) for k, v in storage.tag_ranges(rows, columns).items()},
-            chunk_order=catalog.next_orders(conn, 1)[0], sort_key=file_key,
+            chunk_order=catalog.next_orders(conn, db_id, 1)[0], sort_key=file_key,
         ))
         files.append(RegisteredFile(key, file_id, rows.num_rows))
     return RegisterResult(db, table, tuple(files), retired, trimmed)
