@@ -365,6 +365,13 @@ class Catalog:
             )
         return list(range(int(last) - count + 1, int(last) + 1))
 
+    def lock_orders(self, conn: Connection, db_id: int) -> None:
+        """Take the database's order lock now, before a write inserts tables, columns or partitions: a write that
+        took it only when it reached `next_orders` could wait for another write's uncommitted row while holding
+        it (a deadlock). Writes into one database serialize from here to their commit."""
+        conn.execute(sa.select(database_orders.c.last_order)
+                     .where(database_orders.c.database_id == db_id).with_for_update())
+
     def advance_orders(self, conn: Connection, db_id: int, at_least: int) -> None:
         """Move one database's order counter so that its next order is above `at_least` (scenario loads)."""
         if not 0 <= at_least <= MAX_ORDER:

@@ -136,6 +136,7 @@ def write_points(
             raise
     assert staged is not None
     db_id = catalog.ensure_database(conn, db)
+    catalog.lock_orders(conn, db_id)
     conflicts = _check_against_catalog(catalog, conn, db_id, points)
     if conflicts and not accept_partial:
         raise BadInputError(_errors_paragraph(conflicts, f"nothing was written to {db!r}"))

@@ -149,7 +149,7 @@ def read_scenario(path: str | Path) -> Scenario:
     except yaml.MarkedYAMLError as err:
         where = f" at line {err.problem_mark.line + 1}, column {err.problem_mark.column + 1}" if err.problem_mark else ""
         raise BadInputError(f"scenario file {name} is not valid YAML{where}: {err.problem or err.context}") from err
-    except (yaml.YAMLError, RecursionError) as err:
+    except (yaml.YAMLError, RecursionError, ValueError) as err:  # ValueError: e.g. an int of 5,000 digits
         raise BadInputError(f"scenario file {name} is not valid YAML ({type(err).__name__})") from err
     return parse_scenario(doc, name)
 
@@ -408,6 +408,7 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
     try:
         with catalog.engine.begin() as conn:
             db_id = catalog.ensure_database(conn, name)
+            catalog.lock_orders(conn, db_id)
             taken = catalog.labels(conn, db_id)
             existing: dict[tuple[str, str], set[int]] = defaultdict(set)
             for row in catalog.chunk_rows(conn, db_id):

@@ -47,6 +47,7 @@ def test_billion_laughs_is_refused_at_once(db: str, tmp_path: Path, untouched: A
     ("chunks:\n  - &one {id: A, kind: parquet, lines: 'm v=1 1'}\n  - *one\n", "aliases"),
     ("chunks: !!python/object/apply:os.system ['touch /tmp/pwned']\n", "not valid YAML"),
     ("db: x\nchunks: [" + "{id: " + "A" * 100_000 + "}]", "at most 64"),
+    ("chunks:\n  - {id: A, kind: parquet, order: " + "9" * 100_000 + ", lines: 'm v=1 1'}\n", "not valid YAML"),
     ("db: x\nchunks:\n  - {id: A, kind: " + "z" * 100_000 + "}\n", "use parquet or ingester"),
 ])
 def test_malformed_scenarios_are_refused_with_a_short_excerpt(db: str, tmp_path: Path, untouched: Any,
@@ -158,3 +159,38 @@ def test_an_unknown_database_names_no_other(catalog: Catalog, db: str) -> None:
     typo = cli("show", "--db", secret[:-1])
     assert_one_paragraph_error(typo, "did you mean")
     assert f"did you mean '{secret}'?" in typo.stderr and "zz_" not in typo.stderr
+
+
+def test_writes_into_one_database_commit_in_the_order_of_their_orders(catalog: Catalog, db: str,
+                                                                      warehouse: Path) -> None:
+    """Issue 11: an order taken early but committed late let a persist in between see the newer write alone. Now a
+    write holds its database's order lock until it commits; a write into another database does not wait."""
+    import threading
+
+    from iox_planner import ingest
+    from iox_planner.lineprotocol import parse
+
+    other = db + "_b"
+    load(catalog, db, [{"id": "A", "kind": "ingester", "lines": f"m v=0 {T0}"}])
+    load(catalog, other, [{"id": "A", "kind": "ingester", "lines": f"m v=0 {T0}"}])
+    done: dict[str, float] = {}
+
+    def write(name: str, key: str) -> None:
+        ingest.write_line_protocol(catalog, name, f"m v=2 {T0 + 2}")
+        done[key] = time.monotonic()
+
+    staged = ingest._Staged(warehouse)
+    with catalog.engine.begin() as conn:
+        first = ingest.write_points(catalog, db, parse(f"m v=1 {T0 + 1}", default_time=T0).points, conn=conn, staged=staged,
+                                    warehouse=warehouse)
+        same, elsewhere = (threading.Thread(target=write, args=(db, "same")),
+                           threading.Thread(target=write, args=(other, "other")))
+        same.start(), elsewhere.start()
+        elsewhere.join(30)
+        time.sleep(1.0)
+        assert "other" in done and "same" not in done  # the same database's write waits for this one
+        committed_at = time.monotonic()
+    same.join(30)
+    assert done["same"] >= committed_at
+    orders = [c["chunk_order"] for c in live_chunks(catalog, db)]
+    assert orders == sorted(orders) and first.chunks[0].order == orders[1] and len(orders) == 3
