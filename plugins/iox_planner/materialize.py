@@ -393,6 +393,7 @@ def _register(
 ) -> RegisterResult:
     root = staged.root
     db_id = catalog.ensure_database(conn, db)
+    catalog.lock_orders(conn, db_id)  # before any insert, as every write does (catalog.lock_orders: deadlocks)
     table_id = catalog.ensure_table(conn, db_id, table)
     current = catalog.add_columns(conn, table_id, columns)
     clashes = [f"{n} (the table has it as {current[n].value}, the result as {t.value})"
