@@ -67,6 +67,8 @@ def query(args: argparse.Namespace, console: Any) -> int:
 
     fmt = OutputFormat(args.format)
     output = None
+    if args.output is not None and fmt is OutputFormat.TABLE:
+        raise BadInputError("format table prints to the terminal; use csv, jsonl or parquet with --output")
     if args.output is not None:
         from .output import check_destination
 
