@@ -190,12 +190,12 @@ def forbidden_places() -> list[tuple[Path, str]]:
     for var in ("SPARK_HOME", "JAVA_HOME"):
         if os.environ.get(var):
             places.append((Path(os.environ[var]), f"{var}"))
-    try:
-        import pyspark
+    import importlib.util
 
-        places.append((Path(pyspark.__file__).parent, "the pyspark package"))
-    except ImportError:  # pragma: no cover - the planner core runs without Spark
-        pass
+    # Located, not imported: the planner core does not import Spark.
+    spec = importlib.util.find_spec("pyspark")
+    if spec is not None and spec.origin:
+        places.append((Path(spec.origin).parent, "the pyspark package"))
     return [(p.resolve(), what) for p, what in places]
 
 
@@ -204,9 +204,11 @@ def safe_output_path(path: Path | str) -> Path:
     empty path, a name that is `.`/`..`, a symlink at the path, a missing folder, a place iox-batch never
     writes (`forbidden_places`), a path inside /proc, /sys or /dev."""
     text = str(path)
-    if not text.strip() or "\0" in text:
+    if not text.strip():
         raise BadInputError("the output path is empty; give a file (csv, jsonl) or folder (parquet) to write, or "
                             "leave --output out to print text formats")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        raise BadInputError(f"output {_short(text)} holds a control character (a NUL, newline...); give a plain path")
     given = Path(os.path.abspath(os.path.expanduser(text)))
     name = given.name
     if name in ("", ".", "..") or text.endswith(("/.", "/..")) or text in (".", ".."):
