@@ -241,6 +241,8 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
         if not staging.metrics.exists():
             raise BadInputError(f"the Spark job left no result in {staging.root}; it did not finish")
         rows = int(json.loads(staging.metrics.read_text())["rows"])
+        # Again at publication: a folder under the root swapped for a symlink since planning must not lead out.
+        request.check_output(AirflowSettings.from_env())
         registered = None
         from iox_planner.output import publishing_as
         from iox_planner.publications import CatalogLedger
