@@ -167,7 +167,7 @@ def migration_files(folder: Path | None = None) -> list[Migration]:
     folder = folder or project_root() / "catalog_sql"
     found: list[Migration] = []
     for path in sorted(folder.glob("*.sql")):
-        match = MIGRATION_FILE.match(path.name)
+        match = MIGRATION_FILE.fullmatch(path.name)
         if not match:
             raise CatalogError(f"catalog migration {path.name} is not named NNNN_lowercase_name.sql")
         found.append(Migration(int(match[1]), match[2], path.read_text()))

@@ -134,3 +134,12 @@ def test_hostile_outputs_fail_at_the_plan_task_and_write_nothing(dag_runner: Dag
         assert "Traceback" not in run["error"]
     assert os.listdir(outside) == [] and not above.exists()
     assert (tree_digest(tmp_path), tree_digest(root)) == before
+
+
+@pytest.mark.parametrize("field, value", [("name", "cpu\n"), ("db", "demo\n"), ("db", "de\0mo")])
+def test_definition_names_are_matched_whole(field: str, value: str) -> None:
+    doc = {"name": "cpu", "db": "demo", "sql": QUERY, "schedule": "@daily", "start_date": "2024-01-01",
+           "output": "cpu/{start:%Y-%m-%d}.parquet", field: value}
+    with pytest.raises(BadInputError) as caught:
+        parse_definition(doc, "cpu.yaml")
+    assert "\n" not in str(caught.value).replace("\\n", "")
