@@ -5,7 +5,8 @@
 
 Params are checked against their JSON schema when the run is created; everything else (the SQL, the time range,
 the database and its tables, the output path) is checked by the plan task, which fails with the planner's message
-and publishes nothing. Relative outputs resolve under IOX_OUTPUT_ROOT.
+and publishes nothing. Relative outputs resolve under IOX_OUTPUT_ROOT; every output must resolve (symlinks
+included) inside an output root and carry its format's extension (dags/README.md, "Security model").
 """
 
 from __future__ import annotations

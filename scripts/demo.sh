@@ -29,6 +29,9 @@ step "the same query as a triggered Airflow run: airflow dags test iox_query"
 python dags/iox_airflow/setup_airflow.py
 OUT="$PWD/output/demo_h2o.jsonl"
 mkdir -p output
+# The demo owns this file. A run replaces only what the catalog records as published; after a catalog reset
+# (.iox removed) that record is gone, so the demo clears its own output rather than fail on it.
+rm -f "$OUT"
 CONF=$(python -c 'import json, sys; print(json.dumps({"db": "demo", "sql": sys.argv[1], "output": sys.argv[2], "format": "jsonl"}))' "$QUERY" "$OUT")
 if ! airflow dags test iox_query -c "$CONF" > .iox/airflow/demo-dags-test.log 2>&1; then
     tail -40 .iox/airflow/demo-dags-test.log

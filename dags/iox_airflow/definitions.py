@@ -159,7 +159,7 @@ def parse_definition(doc: Any, source: str) -> MaterializedQuery:
             raise fail(key, "is required")
 
     name = doc["name"]
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise fail("name", f"{name!r} must be lowercase letters, digits and '_', starting with a letter")
     try:
         db = check_db_name(str(doc["db"]))

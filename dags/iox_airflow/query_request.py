@@ -4,6 +4,7 @@ definition and a data interval. No Airflow and no catalog here: building a reque
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -16,6 +17,13 @@ from iox_planner.timeutil import INT64_MAX, INT64_MIN, check_range, format_time,
 from .settings import AirflowSettings
 
 PARAM_NAMES = ("db", "sql", "args", "time_start", "time_end", "output", "format")
+
+# Each folder and file name of an output below its root: no leading dot (no dotfiles such as .bashrc, no hidden
+# folders, no `..`), no spaces, quotes, control characters or shell metacharacters.
+OUTPUT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,=+@:-]{0,199}")
+# What the last name must end in, per format: a file that a Python site loader (`*.pth`), a shell or anything
+# else would execute cannot be named. A Parquet output is a folder: `name` or `name.parquet`.
+OUTPUT_SUFFIXES = {"csv": (".csv",), "jsonl": (".jsonl",), "parquet": ("", ".parquet")}
 
 
 class ResultFormat(str, enum.Enum):
@@ -66,7 +74,7 @@ class QueryRequest:
         if not isinstance(self.sql, str) or not self.sql.strip():
             raise BadInputError("sql is empty; give the SELECT to run")
         if not self.output.is_absolute():
-            raise BadInputError(f"output {self.output} must be an absolute path")
+            raise BadInputError(f"output {_short(self.output)} must be an absolute path")
         check_range(self.time_start, self.time_end)
         for name, value in self.args.items():
             if not isinstance(name, str) or not name.isidentifier():
@@ -92,7 +100,7 @@ class QueryRequest:
             raise BadInputError(f"param 'args' must be an object of bound parameters, not {type(args).__name__}")
         start = params.get("time_start")
         end = params.get("time_end")
-        return QueryRequest(
+        request = QueryRequest(
             db=str(params["db"]),
             sql=str(params["sql"]),
             output=settings.resolve_output(str(params["output"])),
@@ -101,6 +109,33 @@ class QueryRequest:
             time_start=parse_time(start, what="time_start") if start else None,
             time_end=parse_time(end, what="time_end") if end else None,
         )
+        request.check_output(settings)
+        return request
+
+    def check_output(self, settings: AirflowSettings) -> Path:
+        """An Airflow run writes only under the output roots (resolved: symlinks and `..` cannot lead out), with
+        names from `OUTPUT_NAME` and the format's suffix. Returns the resolved output."""
+        resolved = self.output.resolve()
+        root = settings.root_of(resolved)
+        if root is None:
+            roots = ", ".join(str(r) for r in settings.output_roots)
+            raise BadInputError(
+                f"output {_short(self.output)} resolves to {_short(resolved)}, outside the output roots ({roots}); "
+                "a run writes only under IOX_OUTPUT_ROOT (or IOX_OUTPUT_ROOTS): give a path inside one"
+            )
+        for part in resolved.relative_to(root).parts:
+            if not OUTPUT_NAME.fullmatch(part):
+                raise BadInputError(
+                    f"output {_short(resolved)}: the name {_short(part)} is not allowed; names start with a letter, "
+                    "digit or '_' and hold letters, digits and _ . , = + @ : - (no leading dot, no spaces)"
+                )
+        suffix = "".join(resolved.suffixes[-1:])
+        allowed = OUTPUT_SUFFIXES[self.format.value]
+        if suffix not in allowed:
+            shown = " or ".join(f"'{s}'" if s else "no extension" for s in allowed)
+            raise BadInputError(f"output {_short(resolved)}: a {self.format.value} output must end in {shown} "
+                                f"(it ends in {suffix!r}); rename it")
+        return resolved
 
     def lock_key(self) -> RunKey:
         """Materialized runs lock (definition, interval); triggered runs lock their output path, so two runs
@@ -121,3 +156,8 @@ class QueryRequest:
             out["register_as"] = {"db": self.register_as.db or self.db, "table": self.register_as.table,
                                   "tags": list(self.register_as.tags)}
         return out
+
+
+def _short(value: object, size: int = 120) -> str:
+    text = repr(str(value))[1:-1]
+    return text if len(text) <= size else text[: size - 3] + "..."

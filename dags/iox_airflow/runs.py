@@ -141,7 +141,10 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> 
     )
     key = request.lock_key()
     try:
-        if request.definition is not None or request.output.is_relative_to(settings.output_root):
+        # Before anything touches the filesystem: the output lies under the output roots (the request may come
+        # from code or a definition, not only from params checked on the way in).
+        request.check_output(settings)
+        if request.definition is not None or settings.root_of(request.output) is not None:
             # A materialization owns its output tree (interval folders appear), and IOX_OUTPUT_ROOT is ours;
             # anywhere else the folder must exist, as for `iox-batch query --output`.
             request.output.parent.mkdir(parents=True, exist_ok=True)
@@ -238,8 +241,13 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
         if not staging.metrics.exists():
             raise BadInputError(f"the Spark job left no result in {staging.root}; it did not finish")
         rows = int(json.loads(staging.metrics.read_text())["rows"])
+        # Again at publication: a folder under the root swapped for a symlink since planning must not lead out.
+        request.check_output(AirflowSettings.from_env())
         registered = None
-        with catalog.engine.begin() as conn:
+        from iox_planner.output import publishing_as
+        from iox_planner.publications import CatalogLedger
+
+        with publishing_as(run.holder, CatalogLedger(catalog)), catalog.engine.begin() as conn:
             mat.check_lock(conn, key, run.holder)
             if fmt == "arrow":
                 rows, registered = _publish_from_arrow(catalog, conn, request, staging.result(fmt))

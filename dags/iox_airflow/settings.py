@@ -11,6 +11,7 @@
 | `IOX_PERSIST_SCHEDULE` | `*/30 * * * *` | when it looks |
 | `IOX_PERSIST_DATABASES` | (all) | comma-separated databases it looks at |
 | `IOX_OUTPUT_ROOT` | `<project>/output` | where relative output paths (params, definitions) resolve |
+| `IOX_OUTPUT_ROOTS` | `IOX_OUTPUT_ROOT` | every folder runs may write under (`os.pathsep`-separated; the first is where relative paths go) |
 | `IOX_MATERIALIZED_DIR` | `dags/materialized` | the folder of materialized query definitions (`*.yaml`) |
 """
 
@@ -37,8 +38,16 @@ class AirflowSettings:
     persist_databases: tuple[str, ...] = ()
     output_root: Path = Path("output")
     materialized_dir: Path = Path("dags/materialized")
+    output_roots: tuple[Path, ...] = ()
+    """Every folder a run may write under, resolved (symlinks included); empty: just `output_root`."""
 
     def __post_init__(self) -> None:
+        roots = tuple(Path(r).resolve() for r in (self.output_roots or (self.output_root,)))
+        for r in roots:
+            if r == Path(r.anchor):
+                raise BadInputError(f"output root {r} is a filesystem root; give IOX_OUTPUT_ROOT(S) folders of "
+                                    "their own, which runs may fill")
+        object.__setattr__(self, "output_roots", roots)
         minimum = {"max_spark_jobs": 1, "spark_retries": 0, "spark_retry_delay_s": 0, "spark_fast_start_rows": 0,
                    "run_lock_ttl_s": 1, "persist_chunk_threshold": 1}
         for name, low in minimum.items():
@@ -56,9 +65,16 @@ class AirflowSettings:
             "output_root": _path(env.get("IOX_OUTPUT_ROOT"), root / "output", root),
             "materialized_dir": _path(env.get("IOX_MATERIALIZED_DIR"), root / "dags" / "materialized", root),
         }
+        listed = [_path(p.strip(), root, root) for p in (env.get("IOX_OUTPUT_ROOTS") or "").split(os.pathsep)
+                  if p.strip()]
+        if listed:
+            # The first listed root is where relative paths go, unless IOX_OUTPUT_ROOT names one explicitly.
+            if not env.get("IOX_OUTPUT_ROOT"):
+                values["output_root"] = listed[0]
+            values["output_roots"] = tuple(dict.fromkeys([values["output_root"], *listed]))  # type: ignore[list-item]
         for f in fields(AirflowSettings):
             var = f"IOX_{f.name.upper()}"
-            if f.name in values or var not in env:
+            if f.name in values or var not in env or f.name == "output_roots":
                 continue
             text = env[var].strip()
             if f.name == "persist_schedule":
@@ -74,9 +90,17 @@ class AirflowSettings:
         return AirflowSettings(**values)  # type: ignore[arg-type]
 
     def resolve_output(self, path: str | Path) -> Path:
-        """An output path as given (params, definitions): absolute as is, relative under `output_root`."""
-        p = Path(path).expanduser()
+        """An output path as given (params, definitions): absolute as is, relative under `output_root`; resolved
+        (symlinks, `..`). Not checked: `QueryRequest.check_output` does that (the plan task refuses)."""
+        text = str(path)
+        if "\0" in text:
+            raise BadInputError("output holds a NUL character; give a plain path under the output roots")
+        p = Path(text)  # no ~ expansion: a run's output never names a home folder
         return (p if p.is_absolute() else self.output_root / p).resolve()
+
+    def root_of(self, path: Path) -> Path | None:
+        """The output root that `path` (resolved) lies strictly inside, if any."""
+        return next((r for r in self.output_roots if path != r and path.is_relative_to(r)), None)
 
 
 def _path(value: str | None, default: Path, root: Path) -> Path:

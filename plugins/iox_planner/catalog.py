@@ -18,7 +18,11 @@ from .errors import BadInputError, CatalogError
 from .model import Chunk, ChunkKind, ColumnType, TableSchema
 from .timeutil import NS_PER_DAY
 
-DB_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+DB_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # always with fullmatch: `$` would let a trailing newline through
+MAX_ORDER = 2**31 - 1
+"""The highest chunk order: the Spark executor packs (order << 32) | write position into one int64."""
+MAX_WRITE_POSITION = 2**32 - 1
+"""The highest write position inside one ingester chunk (the low 32 bits of that packing)."""
 MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _MIGRATION_LOCK = 0x10C5_BA7C  # advisory lock id: one migrator at a time
 
@@ -106,14 +110,43 @@ migrations_table = sa.Table(
     sa.Column("checksum", sa.Text, nullable=False),
     sa.Column("applied_at", sa.DateTime(timezone=True)),
 )
+database_orders = sa.Table(
+    "iox_database_order", metadata,
+    sa.Column("database_id", sa.BigInteger, primary_key=True),
+    sa.Column("last_order", sa.BigInteger, nullable=False),
+)
+output_publications = sa.Table(
+    "iox_output_publication", metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("path", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("fingerprint", sa.Text, nullable=False),
+    sa.Column("run", sa.Text, nullable=False),
+    sa.Column("published_at", sa.DateTime(timezone=True)),
+)
 CHUNK_TABLES = {ChunkKind.PARQUET: parquet_files, ChunkKind.INGESTER: ingester_chunks}
-order_seq = sa.Sequence("iox_chunk_order_seq")
+
+
+def excerpt(value: object, limit: int = 40) -> str:
+    """A user's value for an error message: repr'd (control characters visible), cut to `limit` characters."""
+    text = repr(value) if isinstance(value, str) else repr(str(value))
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
+
+
+def check_name(name: object, what: str) -> str:
+    """Any name a user passes (table, parameter...): a non-empty string without NUL or control characters."""
+    if not isinstance(name, str) or not name:
+        raise BadInputError(f"{what} must be a non-empty name")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        raise BadInputError(f"{what} {excerpt(name)} holds a control character (a newline, NUL, tab...); names "
+                            "are printable text: remove it")
+    return name
 
 
 def check_db_name(name: str) -> str:
-    if not DB_NAME.match(name or ""):
+    if not isinstance(name, str) or not DB_NAME.fullmatch(name):
         raise BadInputError(
-            f"database name {name!r} is not allowed; use 1 to 64 letters, digits, '_' or '-'"
+            f"database name {excerpt(name)} is not allowed; use 1 to 64 letters, digits, '_' or '-'"
         )
     return name
 
@@ -134,7 +167,7 @@ def migration_files(folder: Path | None = None) -> list[Migration]:
     folder = folder or project_root() / "catalog_sql"
     found: list[Migration] = []
     for path in sorted(folder.glob("*.sql")):
-        match = MIGRATION_FILE.match(path.name)
+        match = MIGRATION_FILE.fullmatch(path.name)
         if not match:
             raise CatalogError(f"catalog migration {path.name} is not named NNNN_lowercase_name.sql")
         found.append(Migration(int(match[1]), match[2], path.read_text()))
@@ -249,8 +282,12 @@ class Catalog:
         check_db_name(name)
         found = conn.execute(sa.select(databases.c.id).where(databases.c.name == name)).scalar_one_or_none()
         if found is None:
-            known = self.database_names(conn)
-            hint = f"known databases: {', '.join(known)}" if known else "the catalog has no database yet"
+            import difflib
+
+            # Never the list of databases: in a shared catalog those are other users' names. One close match
+            # at most, for the typo case.
+            close = difflib.get_close_matches(name, self.database_names(conn), n=1, cutoff=0.8)
+            hint = f"did you mean {close[0]!r}?" if close else "check the name"
             raise CatalogError(
                 f"database {name!r} does not exist ({hint}); databases are created by the first "
                 "`iox-batch write` or `iox-batch load` into them"
@@ -260,7 +297,10 @@ class Catalog:
     def ensure_database(self, conn: Connection, name: str) -> int:
         check_db_name(name)
         conn.execute(pg.insert(databases).values(name=name).on_conflict_do_nothing(index_elements=["name"]))
-        return int(conn.execute(sa.select(databases.c.id).where(databases.c.name == name)).scalar_one())
+        db_id = int(conn.execute(sa.select(databases.c.id).where(databases.c.name == name)).scalar_one())
+        conn.execute(pg.insert(database_orders).values(database_id=db_id, last_order=0)
+                     .on_conflict_do_nothing(index_elements=["database_id"]))
+        return db_id
 
     def ensure_table(self, conn: Connection, db_id: int, name: str) -> int:
         conn.execute(pg.insert(tables).values(database_id=db_id, name=name).on_conflict_do_nothing())
@@ -303,14 +343,41 @@ class Catalog:
     def set_sort_key(self, conn: Connection, partition_id: int, sort_key: Sequence[str]) -> None:
         conn.execute(partitions.update().where(partitions.c.id == partition_id).values(sort_key=list(sort_key)))
 
-    def next_orders(self, conn: Connection, count: int) -> list[int]:
-        return [int(conn.execute(sa.select(order_seq.next_value())).scalar_one()) for _ in range(count)]
+    def next_orders(self, conn: Connection, db_id: int, count: int) -> list[int]:
+        """The next `count` orders of one database. The UPDATE locks the database's counter row until the caller's
+        transaction ends, so writes into one database commit in the order of their orders (issue 11); other
+        databases are not involved."""
+        take = (database_orders.update().where(database_orders.c.database_id == db_id,
+                                               database_orders.c.last_order <= MAX_ORDER - count)
+                .values(last_order=database_orders.c.last_order + count).returning(database_orders.c.last_order))
+        last = conn.execute(take).scalar_one_or_none()
+        if last is None and conn.execute(sa.select(database_orders.c.database_id)
+                                         .where(database_orders.c.database_id == db_id)).first() is None:
+            # A database made before its counter existed: it counts on from what it holds.
+            conn.execute(pg.insert(database_orders).values(
+                database_id=db_id, last_order=min(self.max_order(conn, db_id), MAX_ORDER))
+                .on_conflict_do_nothing(index_elements=["database_id"]))
+            last = conn.execute(take).scalar_one_or_none()
+        if last is None:
+            raise CatalogError(
+                f"database id {db_id} has used every chunk order (they stay below 2^31 = {MAX_ORDER + 1}); "
+                "persist and compact do not free orders: reload the data into a new database"
+            )
+        return list(range(int(last) - count + 1, int(last) + 1))
 
-    def advance_order_sequence(self, conn: Connection, at_least: int) -> None:
-        """Move the order sequence so that the next value is above `at_least`."""
-        conn.execute(sa.text(
-            "SELECT setval('iox_chunk_order_seq', GREATEST(:v, (SELECT last_value FROM iox_chunk_order_seq)), true)"
-        ).bindparams(v=at_least))
+    def lock_orders(self, conn: Connection, db_id: int) -> None:
+        """Take the database's order lock now, before a write inserts tables, columns or partitions: a write that
+        took it only when it reached `next_orders` could wait for another write's uncommitted row while holding
+        it (a deadlock). Writes into one database serialize from here to their commit."""
+        conn.execute(sa.select(database_orders.c.last_order)
+                     .where(database_orders.c.database_id == db_id).with_for_update())
+
+    def advance_orders(self, conn: Connection, db_id: int, at_least: int) -> None:
+        """Move one database's order counter so that its next order is above `at_least` (scenario loads)."""
+        if not 0 <= at_least <= MAX_ORDER:
+            raise BadInputError(f"chunk order {at_least} is out of range; orders are 1 to {MAX_ORDER}")
+        conn.execute(database_orders.update().where(database_orders.c.database_id == db_id)
+                     .values(last_order=sa.func.greatest(database_orders.c.last_order, at_least)))
 
     def max_order(self, conn: Connection, db_id: int) -> int:
         """The highest chunk order the database holds (0 if none)."""

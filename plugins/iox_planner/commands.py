@@ -23,6 +23,10 @@ def plan_from_args(args: argparse.Namespace) -> Any:
 
     settings = PlannerSettings.from_env(parse_assignments(args.settings, "--set"))
     params = parse_assignments(args.param, "--param")
+    from .catalog import check_name
+
+    for name in params:
+        check_name(name, "--param name")
     lo, hi = time_range(args.time_start, args.time_end)
     if getattr(args, "chunks", None):
         from .scenario import read_scenario, scenario_source
@@ -61,9 +65,19 @@ def query(args: argparse.Namespace, console: Any) -> int:
     from .output import OutputFormat
     from .runner import run
 
-    plan = plan_from_args(args)
     fmt = OutputFormat(args.format)
-    output = Path(args.output) if args.output else None
+    output = None
+    if args.output is not None and fmt is OutputFormat.TABLE:
+        raise BadInputError("format table prints to the terminal; use csv, jsonl or parquet with --output")
+    if args.output is not None:
+        from .output import check_destination
+
+        # Checked before planning and Spark start: a refused path fails in a moment, with nothing run.
+        if not args.output.strip():
+            raise BadInputError("--output is empty; give a file (csv, jsonl) or folder (parquet) to write, or "
+                                "leave --output out to print text formats")
+        output = check_destination(args.output, folder=fmt is OutputFormat.PARQUET)
+    plan = plan_from_args(args)
     rows = run(plan, fmt, output, sys.stdout)
     if output is not None:
         what = f"{rows} rows" if rows >= 0 else "result"

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from sqlalchemy.engine import Connection
 
 from . import storage
-from .catalog import Catalog, ChunkRow, check_db_name
+from .catalog import MAX_WRITE_POSITION, Catalog, ChunkRow, check_db_name, check_name, excerpt
 from .config import warehouse as default_warehouse
 from .errors import BadInputError, CatalogError
 from .lineprotocol import LineError, Point, Precision, parse
@@ -136,6 +136,7 @@ def write_points(
             raise
     assert staged is not None
     db_id = catalog.ensure_database(conn, db)
+    catalog.lock_orders(conn, db_id)
     conflicts = _check_against_catalog(catalog, conn, db_id, points)
     if conflicts and not accept_partial:
         raise BadInputError(_errors_paragraph(conflicts, f"nothing was written to {db!r}"))
@@ -191,7 +192,11 @@ def store_chunk(
         where = f"lines {min(lines)}-{max(lines)}: " if lines else ""
         raise BadInputError(f"{where}{table_name}: column types conflict with the catalog: {', '.join(clashes)}")
     partition_id = catalog.ensure_partition(conn, table_id, partition_key)
-    order = order or catalog.next_orders(conn, 1)[0]
+    if kind is ChunkKind.INGESTER and data.num_rows > MAX_WRITE_POSITION + 1:
+        # Write positions are the low 32 bits of the executor's packed (order, position) key.
+        raise BadInputError(f"{table_name} {partition_key}: {data.num_rows} rows in one chunk; an ingester chunk "
+                            f"holds at most {MAX_WRITE_POSITION + 1} rows: split the write")
+    order = order or catalog.next_orders(conn, db_id, 1)[0]
     file_sort_key: list[str] = []
     if kind is ChunkKind.PARQUET:
         data, file_sort_key = _as_persisted(catalog, conn, partition_id, data, columns, sort_key)
@@ -329,11 +334,13 @@ def persist(
     meanwhile is a chunk this persist did not read, so it stays. Retired files are deleted after a grace period.
     """
     root = warehouse or default_warehouse()
+    if table is not None:
+        check_name(table, "table name")
     with catalog.engine.connect() as conn:
         db_id = catalog.database_id(conn, db)
         if table is not None and table not in catalog.table_ids(conn, db_id):
             known = ", ".join(sorted(catalog.table_ids(conn, db_id))) or "none"
-            raise CatalogError(f"table {table!r} does not exist in database {db!r} (tables: {known})")
+            raise CatalogError(f"table {excerpt(table)} does not exist in database {db!r} (tables: {known})")
         rows = catalog.chunk_rows(conn, db_id, table=table)
     by_partition: dict[int, list[ChunkRow]] = defaultdict(list)
     for row in rows:

@@ -393,6 +393,7 @@ def _register(
 ) -> RegisterResult:
     root = staged.root
     db_id = catalog.ensure_database(conn, db)
+    catalog.lock_orders(conn, db_id)  # before any insert, as every write does (catalog.lock_orders: deadlocks)
     table_id = catalog.ensure_table(conn, db_id, table)
     current = catalog.add_columns(conn, table_id, columns)
     clashes = [f"{n} (the table has it as {current[n].value}, the result as {t.value})"
@@ -445,7 +446,7 @@ def _register(
             path=rel, min_time=mm["min"], max_time=mm["max"], row_count=rows.num_rows, file_size=size,
             column_names=storage.column_layout(columns),
             tag_ranges={k: list(v) for k, v in storage.tag_ranges(rows, columns).items()},
-            chunk_order=catalog.next_orders(conn, 1)[0], sort_key=file_key,
+            chunk_order=catalog.next_orders(conn, db_id, 1)[0], sort_key=file_key,
         ))
         files.append(RegisteredFile(key, file_id, rows.num_rows))
     return RegisterResult(db, table, tuple(files), retired, trimmed)

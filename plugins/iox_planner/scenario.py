@@ -15,6 +15,70 @@ from .lineprotocol import Point, parse
 from .model import LOCAL_STORE, TIME, Chunk, ChunkKind, ColumnType, StaticSource
 from .timeutil import now_ns, partition_bounds, partition_of
 
+MAX_ORDER = 2**31 - 1
+"""Orders stay below 2^31: the executor packs (order << 32) | write position into one int64 (catalog.MAX_ORDER)."""
+
+# Limits on a scenario file, so a hostile one fails fast instead of exhausting memory. Scenarios are hand-written
+# test and demo data: these are far above any real one. Each can be raised by its environment variable.
+LIMITS = {
+    "IOX_SCENARIO_MAX_BYTES": 16 * 1024 * 1024,  # the file's size
+    "IOX_SCENARIO_MAX_CHUNKS": 10_000,           # entries of `chunks:`
+    "IOX_SCENARIO_MAX_LINES": 1_000_000,         # line-protocol lines, all chunks together
+    "IOX_SCENARIO_MAX_DEPTH": 20,                # nesting of YAML collections (a scenario needs 4)
+}
+
+
+def limit(name: str) -> int:
+    import os
+
+    text = os.environ.get(name)
+    if not text:
+        return LIMITS[name]
+    try:
+        value = int(text)
+    except ValueError:
+        raise BadInputError(f"{name}={text[:20]!r} is not a whole number") from None
+    if value < 1:
+        raise BadInputError(f"{name} must be at least 1, got {value}")
+    return value
+
+
+def _excerpt(value: object, size: int = 60) -> str:
+    """At most a short excerpt of a user's input in an error message."""
+    text = repr(value)
+    return text if len(text) <= size else text[: size - 3] + "..."
+
+
+def _where(event: Any) -> str:
+    mark = getattr(event, "start_mark", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+
+
+class _ScenarioLoader(yaml.SafeLoader):
+    """yaml's SafeLoader without anchors and aliases (a scenario needs none; expanded aliases are how a
+    'billion laughs' file of a few hundred bytes becomes gigabytes) and with a bound on nesting depth."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise BadInputError(
+                f"{_where(event)}YAML anchors and aliases (&name, *name) are not "
+                "allowed in scenario files; write each value out"
+            )
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            self._depth = getattr(self, "_depth", 0) + 1
+            if self._depth > limit("IOX_SCENARIO_MAX_DEPTH"):
+                raise BadInputError(
+                    f"{_where(event)}nested deeper than "
+                    f"{limit('IOX_SCENARIO_MAX_DEPTH')} levels (IOX_SCENARIO_MAX_DEPTH); a scenario needs 4"
+                )
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+        return super().compose_node(parent, index)
+
+
 _LINE_KEYS = {"id", "kind", "order", "store", "sort_key", "lines"}
 _META_KEYS = {"id", "kind", "order", "store", "sort_key", "table", "partition", "time", "columns", "tag_ranges", "rows"}
 
@@ -67,14 +131,26 @@ def _fail(where: str, message: str) -> BadInputError:
 def read_scenario(path: str | Path) -> Scenario:
     """Parse and validate a scenario file (no catalog needed)."""
     name = str(path)
+    cap = limit("IOX_SCENARIO_MAX_BYTES")
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (FileNotFoundError, IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
-        raise BadInputError(f"cannot read scenario file {name}: {err}") from err
+        with open(path, "rb") as fh:
+            raw = fh.read(cap + 1)  # never more than the cap, whatever the file (or a FIFO, /dev/zero) holds
+        if len(raw) > cap:
+            raise BadInputError(f"scenario file {name} is larger than {cap} bytes (IOX_SCENARIO_MAX_BYTES); split "
+                                "it or raise the limit")
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
+        raise BadInputError(f"cannot read scenario file {name}: {reason}") from err
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise BadInputError(f"scenario file {name} is not valid YAML: {err}".replace("\n", " ")) from err
+        doc = yaml.load(text, Loader=_ScenarioLoader)  # noqa: S506 - a SafeLoader subclass
+    except BadInputError as err:
+        raise BadInputError(f"scenario file {name}: {err}") from err
+    except yaml.MarkedYAMLError as err:
+        where = f" at line {err.problem_mark.line + 1}, column {err.problem_mark.column + 1}" if err.problem_mark else ""
+        raise BadInputError(f"scenario file {name} is not valid YAML{where}: {err.problem or err.context}") from err
+    except (yaml.YAMLError, RecursionError, ValueError) as err:  # ValueError: e.g. an int of 5,000 digits
+        raise BadInputError(f"scenario file {name} is not valid YAML ({type(err).__name__})") from err
     return parse_scenario(doc, name)
 
 
@@ -83,7 +159,7 @@ def parse_scenario(doc: Any, name: str = "scenario") -> Scenario:
         raise BadInputError(f"{name}: a scenario file is a mapping with `db:` and `chunks:`")
     unknown = set(doc) - {"db", "chunks"}
     if unknown:
-        raise BadInputError(f"{name}: unknown top-level key(s) {', '.join(sorted(map(str, unknown)))}; "
+        raise BadInputError(f"{name}: unknown top-level key(s) {_excerpt(', '.join(sorted(map(str, unknown))))}; "
                             "allowed: db, chunks")
     db = doc.get("db")
     if db is not None and not isinstance(db, str):
@@ -91,6 +167,15 @@ def parse_scenario(doc: Any, name: str = "scenario") -> Scenario:
     entries = doc.get("chunks")
     if not isinstance(entries, list) or not entries:
         raise BadInputError(f"{name}: `chunks` must be a non-empty list")
+    max_chunks = limit("IOX_SCENARIO_MAX_CHUNKS")
+    if len(entries) > max_chunks:
+        raise BadInputError(f"{name}: {len(entries)} chunks; a scenario holds at most {max_chunks} "
+                            "(IOX_SCENARIO_MAX_CHUNKS)")
+    max_lines = limit("IOX_SCENARIO_MAX_LINES")
+    lines = sum(e["lines"].count("\n") + 1 for e in entries if isinstance(e, dict) and isinstance(e.get("lines"), str))
+    if lines > max_lines:
+        raise BadInputError(f"{name}: {lines} lines of line protocol; a scenario holds at most {max_lines} "
+                            "(IOX_SCENARIO_MAX_LINES)")
     chunks = []
     seen: set[str] = set()
     for index, entry in enumerate(entries, start=1):
@@ -106,17 +191,20 @@ def _parse_chunk(entry: Any, where: str) -> ScenarioChunk:
     if not isinstance(entry, dict):
         raise _fail(where, "each chunk is a mapping with at least `id` and `kind`")
     cid = entry.get("id")
-    if not isinstance(cid, (str, int)) or str(cid) == "":
+    if not isinstance(cid, (str, int)) or isinstance(cid, bool) or str(cid) == "":
         raise _fail(where, "`id` is required (a short name shown in plans)")
     cid = str(cid)
+    if len(cid) > 64 or any(ord(ch) < 32 or ord(ch) == 127 for ch in cid):
+        raise _fail(where, f"`id` {_excerpt(cid, 40)} must be at most 64 printable characters")
     where = f"{where.rsplit(': ', 1)[0]}: chunk {cid}"
     try:
         kind = ChunkKind(entry.get("kind"))
     except ValueError:
-        raise _fail(where, f"field `kind` is {entry.get('kind')!r}; use parquet or ingester") from None
+        raise _fail(where, f"field `kind` is {_excerpt(entry.get('kind'))}; use parquet or ingester") from None
     order = entry.get("order")
-    if order is not None and (not isinstance(order, int) or isinstance(order, bool) or order < 1):
-        raise _fail(where, f"field `order` is {order!r}; use a positive integer (higher = newer)")
+    if order is not None and (not isinstance(order, int) or isinstance(order, bool) or not 1 <= order <= MAX_ORDER):
+        raise _fail(where, f"field `order` is {_excerpt(order)}; use an integer from 1 to {MAX_ORDER} (2^31 - 1; "
+                           "higher = newer)")
     store = entry.get("store", LOCAL_STORE)
     if not isinstance(store, str) or not store:
         raise _fail(where, "field `store` must be a non-empty string")
@@ -139,7 +227,9 @@ def _parse_chunk(entry: Any, where: str) -> ScenarioChunk:
             raise _fail(where, "field `lines` must be line protocol text")
         result = parse(lines, default_time=now_ns())
         if result.errors:
-            raise _fail(where, "field `lines`: " + "; ".join(str(e) for e in result.errors))
+            shown = "; ".join(_excerpt(str(e), 200)[1:-1] for e in result.errors[:3])
+            more = f" (and {len(result.errors) - 3} more)" if len(result.errors) > 3 else ""
+            raise _fail(where, f"field `lines`: {shown}{more}")
         if not result.points:
             raise _fail(where, "field `lines` holds no points")
         if sort_key is not None:
@@ -155,7 +245,7 @@ def _parse_metadata(entry: Mapping[str, Any], where: str, cid: str, kind: ChunkK
                     store: str, sort_key: tuple[str, ...] | None) -> ScenarioChunk:
     extra = set(entry) - _META_KEYS
     if extra:
-        raise _fail(where, f"unknown field(s) {', '.join(sorted(extra))}")
+        raise _fail(where, f"unknown field(s) {_excerpt(', '.join(sorted(map(str, extra))))}")
     table = entry.get("table")
     if not isinstance(table, str) or not table:
         raise _fail(where, "field `table` is required for a chunk given by metadata (or give `lines`)")
@@ -175,7 +265,7 @@ def _parse_metadata(entry: Mapping[str, Any], where: str, cid: str, kind: ChunkK
         if time[0] > time[1]:
             raise _fail(where, f"field `time`: min {time[0]} is after max {time[1]}")
         if time[0] < lo or time[1] > hi:
-            raise _fail(where, f"field `time` {time} lies outside partition {partition} ([{lo}, {hi}])")
+            raise _fail(where, f"field `time` {_excerpt(time)} lies outside partition {partition} ([{lo}, {hi}])")
         bounds = (time[0], time[1])
     cols = entry.get("columns")
     if not isinstance(cols, dict) or not cols:
@@ -186,14 +276,14 @@ def _parse_metadata(entry: Mapping[str, Any], where: str, cid: str, kind: ChunkK
         try:
             columns[str(cname)] = ColumnType(ctype)
         except ValueError:
-            raise _fail(where, f"field `columns`: column {cname!r} has type {ctype!r}; use one of "
+            raise _fail(where, f"field `columns`: column {_excerpt(cname)} has type {_excerpt(ctype)}; use one of "
                                + ", ".join(t.value for t in ColumnType)) from None
     if columns.get(TIME) is not ColumnType.TIME:
         raise _fail(where, "field `columns` must include `time: time`")
     ranges: dict[str, tuple[str, str]] = {}
     for tag, rng in (entry.get("tag_ranges") or {}).items():
         if columns.get(tag) is not ColumnType.TAG:
-            raise _fail(where, f"field `tag_ranges` names {tag!r}, which is not a tag column of the chunk")
+            raise _fail(where, f"field `tag_ranges` names {_excerpt(tag)}, which is not a tag column of the chunk")
         if not isinstance(rng, list) or len(rng) != 2 or not all(isinstance(v, str) for v in rng):
             raise _fail(where, f"field `tag_ranges`: {tag} must be [min, max] strings")
         ranges[tag] = (rng[0], rng[1])
@@ -318,11 +408,15 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
     try:
         with catalog.engine.begin() as conn:
             db_id = catalog.ensure_database(conn, name)
+            catalog.lock_orders(conn, db_id)
             taken = catalog.labels(conn, db_id)
             existing: dict[tuple[str, str], set[int]] = defaultdict(set)
             for row in catalog.chunk_rows(conn, db_id):
                 existing[(row.table, row.partition)].add(row.order)
             orders = assign_orders(scenario.chunks, catalog.max_order(conn, db_id))
+            if max(orders) > MAX_ORDER:
+                raise BadInputError(f"{scenario.source}: the default orders would pass {MAX_ORDER} (2^31 - 1), "
+                                    f"the highest order; database {name!r} already holds orders near it")
             planned: list[Chunk] = []
             for spec, order in zip(scenario.chunks, orders):
                 for cid, table, partition, _ in spec.groups():
@@ -345,7 +439,8 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
                         raise BadInputError(f"{scenario.source}: chunk {cid}: {err}") from err
                     loaded.extend(LoadedChunk(c.id, spec.kind, c.table, c.partition, c.rows, c.order)
                                   for c in result.chunks)
-            catalog.advance_order_sequence(conn, max(orders))
+            # Only this database's counter moves (orders are per database): a scenario cannot touch others.
+            catalog.advance_orders(conn, db_id, max(orders))
     except BaseException:
         staged.rollback()
         raise

@@ -5,18 +5,20 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from .catalog import Catalog
+from .catalog import Catalog, check_name, excerpt
 from .errors import CatalogError
 from .timeutil import format_time
 
 
 def show(catalog: Catalog, db: str, table: str | None, console: Console) -> None:
+    if table is not None:
+        check_name(table, "table name")
     with catalog.engine.connect() as conn:
         db_id = catalog.database_id(conn, db)
         table_ids = catalog.table_ids(conn, db_id)
         if table is not None and table not in table_ids:
             known = ", ".join(sorted(table_ids)) or "none"
-            raise CatalogError(f"table {table!r} does not exist in database {db!r} (tables: {known})")
+            raise CatalogError(f"table {excerpt(table)} does not exist in database {db!r} (tables: {known})")
         names = [table] if table is not None else sorted(table_ids)
         chunks = catalog.chunk_rows(conn, db_id, table=table)
         partitions = catalog.partition_rows(conn, db_id, table)

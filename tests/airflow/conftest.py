@@ -4,6 +4,8 @@ materialized query definitions written for those databases."""
 
 from __future__ import annotations
 
+import os
+
 import sys
 import uuid
 from pathlib import Path
@@ -53,6 +55,9 @@ def airflow_env(catalog_url: str, h2o3_db: str, fail_db: str,
     definitions = tmp_path_factory.mktemp("materialized")
     write_definitions(definitions, h2o3_db, fail_db)
     env = base_env(catalog_url, home, tmp_path_factory.mktemp("output"), definitions)
+    # Tests write their outputs into their own tmp_path: the session's temporary folder is an output root too
+    # (the first root stays where relative outputs go).
+    env["IOX_OUTPUT_ROOTS"] = os.pathsep.join([env["IOX_OUTPUT_ROOT"], str(tmp_path_factory.getbasetemp())])
     setup_airflow(env)
     return env
 
