@@ -186,8 +186,8 @@ def test_large_floats_whose_sum_overflows_are_still_accepted() -> None:
     assert fields_of("m a=1e308,b=1e308") == {"a": (F, 1e308), "b": (F, 1e308)}
 
 
-@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "Infinity", "1e400", "-1e400", "+1", "0x10", "1__0", "_1", "1_",
-                                  "1.2.3", "e5", "5e", ".", "-", "12a", "١"])
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "Infinity", "1e400", "-1e400", "+1", "0x10", "1__0",
+                                  "_1", "1_", "1.2.3", "e5", "5e", ".", "-", "12a", "١"])
 def test_invalid_floats(text: str) -> None:
     column, message = error(f"m f={text}")
     assert column == 5

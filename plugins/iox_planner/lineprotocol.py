@@ -358,7 +358,7 @@ _KEY_SPECIAL = re.compile("[,= \\\\\x00-\x1f\x7f]")
 
 
 def _read_escaped(s: str, i: int, n: int, special: re.Pattern[str], stops: str, escapes: str, what: str,
-                  longest: int) -> tuple[str, int]:
+                  longest: int, excerpt: int) -> tuple[str, int]:
     """Read up to the first unescaped stop character; a backslash before anything but `escapes` is literal.
     A control character is refused here, with its position, and so is a token longer than `longest` characters
     (read no further than that: a 10 MB name costs no more than a short one)."""
@@ -368,7 +368,8 @@ def _read_escaped(s: str, i: int, n: int, special: re.Pattern[str], stops: str, 
         m = special.search(s, i, n)
         j = n if m is None else m.start()
         if j - start > longest:
-            raise _Fail(start, f"{what} {_quote(s[start:start + 64], 64)} is longer than the limit of {longest} "
+            shown = _quote(s[start:start + excerpt], excerpt)
+            raise _Fail(start, f"{what} {shown} is longer than the limit of {longest} "
                         "bytes (IOX_LP_MAX_NAME_BYTES for names, IOX_LP_MAX_LINE_BYTES for values); shorten it")
         out.append(s[i:j])
         if m is None:
@@ -472,7 +473,7 @@ def _scan_entry(entry: _Entry, precision: Precision, schema: _Schema, lim: Limit
         i += 1
 
     measurement, i = _read_escaped(s, i, n, _MEASUREMENT_SPECIAL, _MEASUREMENT_STOPS, _MEASUREMENT_ESCAPES,
-                                    "a measurement name", lim.max_name_bytes)
+                                    "a measurement name", lim.max_name_bytes, lim.excerpt_bytes)
     if not measurement:
         raise _Fail(i, "missing measurement: a line starts with the measurement name, like cpu,host=a usage=1.5")
     _check_name(measurement, 0, "measurement", lim)
@@ -483,7 +484,8 @@ def _scan_entry(entry: _Entry, precision: Precision, schema: _Schema, lim: Limit
     while i < n and s[i] == ",":
         i += 1
         kpos = i
-        key, i = _read_escaped(s, i, n, _KEY_SPECIAL, _KEY_STOPS, _KEY_ESCAPES, "a tag key", lim.max_name_bytes)
+        key, i = _read_escaped(s, i, n, _KEY_SPECIAL, _KEY_STOPS, _KEY_ESCAPES, "a tag key", lim.max_name_bytes,
+                               lim.excerpt_bytes)
         if not key:
             raise _Fail(kpos, "empty tag key: expected key=value after ','")
         if len(tags) >= lim.max_columns:
@@ -504,7 +506,7 @@ def _scan_entry(entry: _Entry, precision: Precision, schema: _Schema, lim: Limit
         i += 1
         vpos = i
         value, i = _read_escaped(s, i, n, _KEY_SPECIAL, _KEY_STOPS, _KEY_ESCAPES, "a tag value",
-                                  lim.max_line_bytes)
+                                  lim.max_line_bytes, lim.excerpt_bytes)
         if i < n and s[i] == "=":
             raise _Fail(i, f"unescaped '=' in the value of tag {q(key)}: write it as \\=")
         if not value:
@@ -523,7 +525,8 @@ def _scan_entry(entry: _Entry, precision: Precision, schema: _Schema, lim: Limit
     field_pos: dict[str, int] = {}
     while True:
         kpos = i
-        key, i = _read_escaped(s, i, n, _KEY_SPECIAL, _KEY_STOPS, _KEY_ESCAPES, "a field key", lim.max_name_bytes)
+        key, i = _read_escaped(s, i, n, _KEY_SPECIAL, _KEY_STOPS, _KEY_ESCAPES, "a field key", lim.max_name_bytes,
+                               lim.excerpt_bytes)
         if not key:
             raise _Fail(kpos, "empty field key: expected key=value")
         if len(tags) + len(fields) >= lim.max_columns:
