@@ -141,6 +141,11 @@ VALUES: list[Case] = [
         ("t", True), ("T", True), ("true", True), ("True", True), ("TRUE", True),
         ("f", False), ("F", False), ("false", False), ("False", False), ("FALSE", False)]],
     *[(f"bad boolean {t}", f"m b={t}".encode(), Err(1, 5, "'b'")) for t in ["tRUE", "yes", "trueX", "fals"]],
+    # Python refuses to convert more than 4300 digits: such a number must be out of range, not a crash.
+    ("integer of 5000 digits", b"m n=" + b"9" * 5000 + b"i", Err(1, 5, "out of range")),
+    ("unsigned of 5000 digits", b"m n=" + b"9" * 5000 + b"u", Err(1, 5, "out of range")),
+    ("integer with 5000 leading zeros", b"m n=-" + b"0" * 5000 + b"7i", [P("m", {}, {"n": (I, -7)})]),
+    ("float of 5000 digits", b"m f=" + b"1" * 5000, Err(1, 5, "out of range")),
     ("value of no type", b"TestBucket FieldOne=Happy,FieldTwo=sad", Err(1, 21, "invalid value")),
     ("missing value", b"m f=,g=1", Err(1, 5, "no value")),
 ]
@@ -184,6 +189,8 @@ TIMESTAMPS: list[Case] = [
     ("leading +", b"m f=1 +5", Err(1, 7, "timestamp")),
     ("fraction", b"m f=1 1.5", Err(1, 7, "timestamp")),
     ("underscore", b"m f=1 1_0", Err(1, 7, "timestamp")),
+    ("timestamp of 5000 digits", b"m f=1 -" + b"9" * 5000, Err(1, 7, "out of range")),
+    ("timestamp with 5000 leading zeros", b"m f=1 " + b"0" * 5000 + b"5", [P("m", {}, {"f": (F, 1.0)}, 5)]),
     ("text after the timestamp", b"m f=1 1 2", Err(1, 9, "after the timestamp")),
 ]
 

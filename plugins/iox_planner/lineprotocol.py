@@ -268,6 +268,15 @@ def _is_signed_digits(s: str) -> bool:
     return _is_digits(s[1:]) if s[:1] == "-" else _is_digits(s)
 
 
+def _int(digits: str) -> int:
+    """The value of optionally signed ASCII digits, already checked. Past 20 significant digits any value is out of
+    every 64-bit range, so a huge one is not converted (Python refuses more than 4300 digits, and slowly)."""
+    body = digits.lstrip("-").lstrip("0")
+    if len(body) > 20:
+        return UINT64_MAX + 1 if digits[:1] != "-" else INT64_MIN - 1
+    return -int(body or "0") if digits[:1] == "-" else int(body or "0")
+
+
 def _parse_float(tok: str) -> float | None:
     """Go's strconv.ParseFloat over a token that starts like a number; None if it is not one."""
     if not tok.strip(_FLOAT_CHARS):
@@ -295,7 +304,7 @@ def _parse_value(tok: str, key: str, pos: int, q: _Quote) -> _Typed:
         if not _is_signed_digits(body):
             raise _Fail(pos, f"field {q(key)} has an invalid integer {q(tok)}: expected digits with an optional '-' "
                         "and the suffix i, like 12i or -3i")
-        ivalue = int(body)
+        ivalue = _int(body)
         if not INT64_MIN <= ivalue <= INT64_MAX:
             raise _Fail(pos, f"field {q(key)} integer {q(tok)} is out of range: integers are signed 64-bit "
                         f"({INT64_MIN}..{INT64_MAX}); use an unsigned (u) or float value for larger numbers")
@@ -305,7 +314,7 @@ def _parse_value(tok: str, key: str, pos: int, q: _Quote) -> _Typed:
         if not _is_digits(body):
             raise _Fail(pos, f"field {q(key)} has an invalid unsigned integer {q(tok)}: expected digits without a "
                         "sign and the suffix u, like 12u")
-        uvalue = int(body)
+        uvalue = _int(body)
         if uvalue > UINT64_MAX:
             raise _Fail(pos, f"field {q(key)} unsigned integer {q(tok)} is out of range: unsigned integers are "
                         f"64-bit (0..{UINT64_MAX})")
@@ -584,7 +593,7 @@ def _scan_entry(entry: _Entry, precision: Precision, schema: _Schema, lim: Limit
         if not _is_signed_digits(tok):
             raise _Fail(tpos, f"invalid timestamp {q(tok)}: expected an integer number of {precision.unit} since "
                         "1970-01-01T00:00:00Z, or nothing")
-        time = int(tok) * precision.multiplier
+        time = _int(tok) * precision.multiplier
         if not INT64_MIN <= time <= INT64_MAX:
             raise _Fail(tpos, f"timestamp {q(tok)} ({precision.unit}) is out of range: it must fit a signed 64-bit "
                         "count of nanoseconds (years 1677 to 2262)")
@@ -663,7 +672,7 @@ def _fast(line: str, lineno: int, multiplier: int, default_time: int, heads: dic
     count = len(parts)
     if count == 3:
         head, body, stamp = parts
-        if not ((stamp.isdigit() and stamp.isascii()) or _is_signed_digits(stamp)):
+        if not ((stamp.isdigit() and stamp.isascii()) or _is_signed_digits(stamp)) or len(stamp) > 20:
             return None
         time = int(stamp) * multiplier
         if time > INT64_MAX or time < INT64_MIN:
