@@ -613,16 +613,18 @@ class _Head:
     """A parsed `measurement,tags` prefix, shared by every line of that series, with the field layouts that
     were already accepted after it: (field keys, codes of the values that are not floats)."""
 
-    __slots__ = ("measurement", "tags", "tag_keys", "accepted")
+    __slots__ = ("measurement", "tags", "tag_keys", "accepted", "room")
 
-    def __init__(self, measurement: str, tags: dict[str, str]) -> None:
+    def __init__(self, measurement: str, tags: dict[str, str], max_columns: int) -> None:
         self.measurement = measurement
         self.tags: Mapping[str, str] = MappingProxyType(tags)
         self.tag_keys = tuple(tags)
         self.accepted: set[tuple[tuple[str, ...], str]] = set()
+        # How many fields a line of this series may have within the limit on tags and fields.
+        self.room = max_columns - len(tags)
 
 
-_BAD_HEAD = _Head("", {})
+_BAD_HEAD = _Head("", {}, 0)
 _FLOAT_ENDS = frozenset("0123456789.")
 _CODES = {_FLOAT: "f", _INTEGER: "i", _UNSIGNED: "u", _BOOLEAN: "b", _STRING: "s"}
 
@@ -643,7 +645,7 @@ def _fast_head(head: str, lim: Limits) -> _Head:
         tags[key] = value
     if len(tags) != len(parts) - 1:
         return _BAD_HEAD
-    return _Head(measurement, tags)
+    return _Head(measurement, tags, lim.max_columns)
 
 
 # Points are built without the frozen dataclass __init__ (one object.__setattr__ per field): about 10% of a
@@ -696,7 +698,7 @@ def _fast(line: str, lineno: int, multiplier: int, default_time: int, heads: dic
     if "=+" in body:
         return None
     commas = body.count(",")
-    if commas + len(series.tag_keys) >= lim.max_columns:
+    if commas >= series.room:
         return None
     fields: dict[str, _Typed] = {}
     kinds = ""
@@ -767,67 +769,69 @@ def _comment_error(line: str) -> LineError | None:
                      "comments hold printable characters only")
 
 
+def _slow_line(lines: list[str], lineno: int, precision: Precision, default_time: int, schema: _Schema,
+               lim: Limits) -> tuple[Point | None, LineError | None, int]:
+    """Everything the fast path does not take: blank and comment lines, long lines, and the scanner. Returns the
+    point or the error (neither for a line that holds no point) and how many further lines the entry took."""
+    line = lines[lineno - 1]
+    if len(line) > lim.max_line_bytes // 4:
+        problem = _line_too_long(line, lim)
+        if problem is not None:
+            return None, LineError(lineno, problem.column, problem.message), 0
+    stripped = line.lstrip(" ")
+    if not stripped or stripped == "\r":
+        return None, None, 0
+    if stripped[0] == "#":
+        problem = _comment_error(stripped)
+        if problem is None:
+            return None, None, 0
+        return None, LineError(lineno, problem.column + len(line) - len(stripped), problem.message), 0
+    entry = _Entry(lines, lineno - 1, lim.max_line_bytes - _utf8_len(line))
+    try:
+        measurement, tags, fields, time = _scan(entry, precision, schema, lim, lineno)
+    except _Fail as fail:
+        return None, LineError(lineno + fail.offset, fail.pos + 1, fail.message), fail.skip
+    point = _point(lineno, measurement, tags, fields, default_time if time is None else time)
+    return point, None, entry.offset
+
+
 def _parse_lines(text: str, precision: Precision, default_time: int, schema: _Schema, lim: Limits) -> tuple[
         list[Point], list[LineError]]:
     multiplier = precision.multiplier
     heads: dict[str, _Head] = {}
     names: dict[str, str] = {}
+    intern = names.setdefault
     points: list[Point] = []
     errors: list[LineError] = []
     # Lines up to this many characters cannot exceed the byte limit (4 bytes a character at most).
     short = lim.max_line_bytes // 4
     lines = text.split("\n")
-    total = len(lines)
-    k = 0
-    while k < total:
-        line = lines[k]
-        lineno = k + 1
-        k += 1
-        if not line:
+    # A string value spanning lines makes one entry of several lines: the ones it took are skipped.
+    resume = 0
+    lineno = 0
+    for line in lines:
+        lineno += 1
+        if not line or lineno <= resume:
             continue
-        problem: LineError | None = None
-        if len(line) > short:
-            problem = _line_too_long(line, lim)
-        if problem is None:
+        if len(line) <= short and "\\" not in line and '"' not in line:
             first = line[0]
-            if first == "#":
-                problem = _comment_error(line)
-                if problem is None:
-                    continue
-            elif first == " " or first == "\r":
-                stripped = line.lstrip(" ")
-                if not stripped or stripped == "\r":
-                    continue
-                if stripped[0] == "#":
-                    problem = _comment_error(stripped)
-                    if problem is None:
-                        continue
-                    problem = LineError(0, problem.column + len(line) - len(stripped), problem.message)
-            elif "\\" not in line and '"' not in line:
-                plain = line[:-1] if line[-1] == "\r" else line
-                point = _fast(plain, lineno, multiplier, default_time, heads, names.setdefault, schema, lim)
+            if first != "#" and first != " " and first != "\r":
+                point = _fast(line[:-1] if line[-1] == "\r" else line, lineno, multiplier, default_time, heads,
+                              intern, schema, lim)
                 if point is not None:
                     points.append(point)
                     continue
-        if problem is None:
-            entry = _Entry(lines, lineno - 1, lim.max_line_bytes - _utf8_len(line))
-            try:
-                measurement, tags, fields, time = _scan(entry, precision, schema, lim, lineno)
-            except _Fail as fail:
-                problem = LineError(lineno + fail.offset, fail.pos + 1, fail.message)
-                k += fail.skip
-            else:
-                k += entry.offset
-                points.append(_point(lineno, measurement, tags, fields, default_time if time is None else time))
-                continue
-        if problem.line == 0:
-            problem = LineError(lineno, problem.column, problem.message)
-        errors.append(problem)
-        if len(errors) > lim.max_bad_lines:
-            raise BadInputError(
-                f"line protocol has more than {lim.max_bad_lines} bad lines (IOX_LP_MAX_BAD_LINES), so reading "
-                f"stopped at line {problem.line}: {describe_errors(errors, shown=lim.errors_shown)}. Nothing was "
-                "written; fix the input (is it line protocol?) and write again")
+        point, problem, skip = _slow_line(lines, lineno, precision, default_time, schema, lim)
+        resume = lineno + skip
+        if point is not None:
+            points.append(point)
+        elif problem is not None:
+            errors.append(problem)
+            if len(errors) > lim.max_bad_lines:
+                raise BadInputError(
+                    f"line protocol has more than {lim.max_bad_lines} bad lines (IOX_LP_MAX_BAD_LINES), so reading "
+                    f"stopped at line {problem.line}: {describe_errors(errors, shown=lim.errors_shown)}. Nothing "
+                    "was written; fix the input (is it line protocol?) and write again")
     return points, errors
 
 
