@@ -20,9 +20,10 @@ takes comes out the same here and a line it refuses is refused here:
 - floats are Go's: `1`, `-1.5e10`, `.5`, `1.`, `1_000.5` (underscores between digits), hex `0x1p-2`; never `+1`,
   `inf` or `NaN`; integers `-12i` and unsigned `12u` are decimal digits only, each in its 64-bit range;
 - a line without a timestamp takes the write's time truncated to the precision, as the reference does.
-Deliberately stricter, as PRODUCT.md's data model says: a tag or field named `time` or starting with `__`, a name
-used as a tag and as a field of one measurement, and two fields with one name on a line (a row holds one value
-per column) are refused. Columns count characters (code points), from 1, in the line as given.
+Deliberately stricter: as PRODUCT.md's data model says, a tag or field named `time` or starting with `__` and a
+name used as a tag and as a field of one measurement are refused; so are two fields with one name on a line (a row
+holds one value per column) and invalid UTF-8 anywhere, comments included (`decode_utf8`). Columns count
+characters (code points), from 1, in the line as given.
 """
 
 from __future__ import annotations
