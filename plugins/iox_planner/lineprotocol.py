@@ -109,7 +109,7 @@ class Limits:
                 continue
             if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 2**31:
                 raise BadInputError(f"{var}={_quote(text, 32)} is not allowed: it must be a whole number from 1 to "
-                                    f"{2**31}; unset it to use the default ({getattr(cls, name)})")
+                                    f"{2**31}; unset it to use the default ({getattr(cls(), name)})")
             values[name] = int(text)
         return cls(**values)
 
