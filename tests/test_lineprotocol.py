@@ -68,8 +68,10 @@ def test_extra_spaces_between_sections_and_at_the_end_are_accepted() -> None:
     assert one("m f=1 ") == Point(1, "m", {}, {"f": (F, 1.0)}, NOW)
 
 
-def test_leading_whitespace_is_skipped() -> None:
-    assert one("  \tm f=1 7") == Point(1, "m", {}, {"f": (F, 1.0)}, 7)
+def test_leading_spaces_are_skipped_but_not_a_tab() -> None:
+    # The reference skips spaces only: a tab at the start of a line is a character of no name.
+    assert one("   m f=1 7") == Point(1, "m", {}, {"f": (F, 1.0)}, 7)
+    assert error("  \tm f=1 7") == (3, error("\tm f=1")[1])
 
 
 def test_tags_are_read_only() -> None:
@@ -128,8 +130,9 @@ def test_string_escapes_quote_and_backslash() -> None:
     assert fields_of(r'm s="say \"hi\" \\ ok"') == {"s": (S, 'say "hi" \\ ok')}
 
 
-def test_string_keeps_backslash_before_other_characters() -> None:
-    assert fields_of(r'm s="a\nb\,c"') == {"s": (S, "a\\nb\\,c")}
+def test_string_unescapes_n_r_t_and_keeps_backslash_before_other_characters() -> None:
+    # As the reference: \n, \r and \t are a newline, a carriage return and a tab; \, and \v stay as written.
+    assert fields_of(r'm s="a\nb\rc\td\,e\v"') == {"s": (S, "a\nb\rc\td\\,e\\v")}
 
 
 def test_string_may_hold_commas_spaces_and_equals_signs() -> None:
@@ -170,6 +173,9 @@ def test_non_ascii_names_and_values() -> None:
         ("2.5E+2", 250.0),
         ("-0", 0.0),
         ("1e308", 1e308),
+        ("1_000.5", 1000.5),
+        ("0x1p-2", 0.25),
+        ("-0x1.8p1", -3.0),
     ],
 )
 def test_floats(text: str, value: float) -> None:
@@ -180,8 +186,8 @@ def test_large_floats_whose_sum_overflows_are_still_accepted() -> None:
     assert fields_of("m a=1e308,b=1e308") == {"a": (F, 1e308), "b": (F, 1e308)}
 
 
-@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "Infinity", "1e400", "-1e400", "1_0", "+1", "0x10",
-                                  "1.2.3", "e5", "5e", ".", "-", "12a", "١"])
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "Infinity", "1e400", "-1e400", "+1", "0x10", "1__0",
+                                  "_1", "1_", "1.2.3", "e5", "5e", ".", "-", "12a", "١"])
 def test_invalid_floats(text: str) -> None:
     column, message = error(f"m f={text}")
     assert column == 5
@@ -283,8 +289,13 @@ def test_precision_given_as_text() -> None:
     assert one("m f=1 1704067200", precision="s").time == 1704067200000000000
 
 
-def test_precision_does_not_scale_the_default_time() -> None:
-    assert one("m f=1", precision=Precision.S).time == NOW
+def test_default_time_is_truncated_to_the_precision() -> None:
+    # As the reference: a line without a timestamp gets the write's time truncated to the unit.
+    now = 1_700_000_123_456_789_123
+    assert parse("m f=1", precision=Precision.S, default_time=now).points[0].time == 1_700_000_123_000_000_000
+    assert parse("m f=1", precision=Precision.MS, default_time=now).points[0].time == 1_700_000_123_456_000_000
+    assert parse("m f=1", precision=Precision.US, default_time=now).points[0].time == 1_700_000_123_456_789_000
+    assert parse("m f=1", precision=Precision.NS, default_time=now).points[0].time == now
 
 
 def test_unknown_precision_is_rejected() -> None:
@@ -335,7 +346,7 @@ def test_invalid_timestamp(stamp: str) -> None:
 
 
 def test_comments_blank_lines_and_crlf_keep_line_numbers() -> None:
-    text = "# a comment\r\n\r\n   \r\n  \t# indented comment\r\nm f=1 1\r\n\r\nm f=2 2\r\n"
+    text = "# a comment\r\n\r\n   \r\n   # indented comment\r\nm f=1 1\r\n\r\nm f=2 2\r\n"
     result = run(text)
     assert result.errors == ()
     assert [(p.line, dict(p.fields), p.time) for p in result.points] == [
@@ -368,7 +379,7 @@ def test_empty_input() -> None:
         ("  ,t=a f=1", 3, "missing measurement"),
         ("m,t=a", 6, "missing fields"),
         ("m", 2, "missing fields"),
-        ("m ", 2, "missing fields"),
+        ("m ", 3, "missing fields"),
         ("m,t f=1", 4, "tag 't' has no value"),
         ("m,t= f=1", 5, "tag 't' has no value"),
         ("m,t=a,u", 8, "tag 'u' has no value"),
@@ -408,12 +419,12 @@ def test_multiple_errors_are_all_reported_in_order() -> None:
         "# comment",     # 3
         "m,t f=1 3",     # 4 tag without value
         "m f=2 4",       # 5 ok
-        'm s="open 5',   # 6 unterminated
-        "m f=3 x",       # 7 bad timestamp
+        "m f=3 x",       # 6 bad timestamp
+        'm s="open 7',   # 7 unterminated: a string runs on to the end of the input
     ])
     result = run(text)
     assert [(p.line, p.time) for p in result.points] == [(1, 1), (5, 4)]
-    assert [(e.line, e.column) for e in result.errors] == [(2, 5), (4, 4), (6, 5), (7, 7)]
+    assert [(e.line, e.column) for e in result.errors] == [(2, 5), (4, 4), (6, 7), (7, 5)]
 
 
 def test_raise_for_errors() -> None:

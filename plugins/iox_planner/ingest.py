@@ -20,7 +20,7 @@ from . import storage
 from .catalog import MAX_WRITE_POSITION, Catalog, ChunkRow, check_db_name, check_name, excerpt
 from .config import warehouse as default_warehouse
 from .errors import BadInputError, CatalogError
-from .lineprotocol import LineError, Point, Precision, parse
+from .lineprotocol import LineError, Point, Precision, decode_utf8, describe_errors, parse
 from .model import LOCAL_STORE, TIME, ChunkKind, ColumnType
 from .timeutil import NS_PER_DAY, now_ns, partition_of
 
@@ -47,8 +47,9 @@ class WriteResult:
 
 
 def _errors_paragraph(errors: Sequence[LineError], what: str) -> str:
-    listed = "; ".join(str(e) for e in errors)
-    return f"{what}: {len(errors)} bad line{'s' if len(errors) != 1 else ''}: {listed}"
+    # Bounded (IOX_LP_ERRORS_SHOWN lines, then "and K more"): a million bad lines must not make a million-line
+    # message.
+    return f"{what}: {describe_errors(errors)}"
 
 
 @dataclass
@@ -434,17 +435,20 @@ def collect_garbage(catalog: Catalog, root: Path, grace_seconds: float) -> int:
 
 
 def read_input(source: str) -> tuple[str, str]:
-    """The text of FILE or `-` (standard input), with a name for messages."""
-    if source == "-":
-        return sys.stdin.read(), "standard input"
-    try:
-        return Path(source).read_text(encoding="utf-8"), source
-    except FileNotFoundError as err:
-        raise BadInputError(f"cannot read {source}: no such file") from err
-    except IsADirectoryError as err:
-        raise BadInputError(f"cannot read {source}: it is a folder, not a file") from err
-    except PermissionError as err:
-        raise BadInputError(f"cannot read {source}: permission denied") from err
-    except UnicodeDecodeError as err:
-        raise BadInputError(f"cannot read {source}: it is not UTF-8 text ({err.reason} at byte {err.start})") from err
+    """The text of FILE or `-` (standard input), with a name for messages.
 
+    Both are read as bytes and decoded here, strictly, by one path: text mode would turn a CR inside a string
+    value into a newline and would treat invalid UTF-8 on standard input differently from a file."""
+    name = "standard input" if source == "-" else source
+    if source == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        try:
+            data = Path(source).read_bytes()
+        except FileNotFoundError as err:
+            raise BadInputError(f"cannot read {source}: no such file") from err
+        except IsADirectoryError as err:
+            raise BadInputError(f"cannot read {source}: it is a folder, not a file") from err
+        except PermissionError as err:
+            raise BadInputError(f"cannot read {source}: permission denied") from err
+    return decode_utf8(data, name), name

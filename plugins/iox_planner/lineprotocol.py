@@ -1,27 +1,40 @@
 """InfluxDB line protocol, parsed into points with every bad line reported by line and column.
 
 `measurement[,tag=value...] field=value[,field=value...] [timestamp]`, one point a line. The parser never raises
-for bad input: it collects a `LineError` per bad line and keeps going, so one run reports every problem.
-`ParseResult.raise_for_errors()` turns them into a single `BadInputError` for callers that want all or nothing.
+for a bad line: it collects a `LineError` per bad line and keeps going, so one run reports every problem (up to
+`Limits.max_bad_lines`, past which the input is refused whole). `ParseResult.raise_for_errors()` turns them into a
+single `BadInputError` for callers that want all or nothing.
 
 Two paths share one grammar. Most lines (no backslash, no double quote, single spaces) take a split-based fast
 path; anything it does not like, including every error, is handed to the character scanner, which is the one
 source of error messages and columns. So the fast path only has to be right about what it accepts.
 
-Details where InfluxDB's own documentation leaves room: sections are separated by one or more spaces (tabs are
-ordinary characters, except that leading and trailing blanks are ignored); a backslash escapes only the
-characters listed for each element and is literal before anything else (so two backslashes in a tag stay
-two backslashes); numbers take an optional '-' but never '+'; an unescaped '=' in a tag value is an error.
-Columns count characters (code points), from 1, in the line as given.
+The grammar is the one InfluxData's own parser (line-protocol v2, `lineprotocol.Decoder`) accepts, so a point it
+takes comes out the same here and a line it refuses is refused here:
+- sections are separated by one or more spaces; only spaces: a tab or any other control character (U+0000 to
+  U+001F, U+007F) is refused in a measurement, tag key, tag value or field key, at the start of a line and in a
+  comment line; leading and trailing spaces are ignored; a line ends at LF or CRLF (a CR alone is refused);
+- a backslash escapes `,` and space in a measurement and `,`, `=` and space in tag keys, tag values and field keys;
+  before anything else (a second backslash included) it is a literal backslash;
+- a string field value may span lines (it holds the newlines) and unescapes `\\"`, `\\\\`, `\\n`, `\\r`, `\\t`;
+- floats are Go's: `1`, `-1.5e10`, `.5`, `1.`, `1_000.5` (underscores between digits), hex `0x1p-2`; never `+1`,
+  `inf` or `NaN`; integers `-12i` and unsigned `12u` are decimal digits only, each in its 64-bit range;
+- a line without a timestamp takes the write's time truncated to the precision, as the reference does.
+Deliberately stricter: as PRODUCT.md's data model says, a tag or field named `time` or starting with `__` and a
+name used as a tag and as a field of one measurement are refused; so are two fields with one name on a line (a row
+holds one value per column) and invalid UTF-8 anywhere, comments included (`decode_utf8`). Columns count
+characters (code points), from 1, in the line as given.
 """
 
 from __future__ import annotations
 
 import enum
 import gc
+import os
+import re
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from .errors import BadInputError
 from .model import TIME, ColumnType
@@ -56,6 +69,61 @@ _UNIT_NAMES = {
 }
 
 
+# Each limit is an environment variable, so an operator with unusual data can raise it without a code change.
+_LIMIT_VARS = {
+    "max_line_bytes": "IOX_LP_MAX_LINE_BYTES",
+    "max_columns": "IOX_LP_MAX_COLUMNS",
+    "max_name_bytes": "IOX_LP_MAX_NAME_BYTES",
+    "max_bad_lines": "IOX_LP_MAX_BAD_LINES",
+    "errors_shown": "IOX_LP_ERRORS_SHOWN",
+    "excerpt_bytes": "IOX_LP_EXCERPT_BYTES",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds that keep a hostile input from costing more than a bounded amount of time and memory per line.
+
+    `max_line_bytes`: one entry (a line, or the lines a string value spans), in UTF-8 bytes. `max_columns`: tags
+    plus fields on one line. `max_name_bytes`: a measurement, tag key or field key. `max_bad_lines`: past this
+    many bad lines the input is refused whole without reading further. `errors_shown`: bad lines listed in full
+    in an error message (then "and K more"). `excerpt_bytes`: the most of the input one message quotes.
+    """
+
+    max_line_bytes: int = 1_048_576
+    max_columns: int = 1_000
+    max_name_bytes: int = 256
+    max_bad_lines: int = 1_000
+    errors_shown: int = 10
+    excerpt_bytes: int = 64
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Limits:
+        """The defaults, overridden by `IOX_LP_MAX_LINE_BYTES`, `IOX_LP_MAX_COLUMNS`, `IOX_LP_MAX_NAME_BYTES`,
+        `IOX_LP_MAX_BAD_LINES`, `IOX_LP_ERRORS_SHOWN` and `IOX_LP_EXCERPT_BYTES`."""
+        source = os.environ if env is None else env
+        values: dict[str, int] = {}
+        for name, var in _LIMIT_VARS.items():
+            text = source.get(var)
+            if text is None or text == "":
+                continue
+            if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 2**31:
+                raise BadInputError(f"{var}={_quote(text, 32)} is not allowed: it must be a whole number from 1 to "
+                                    f"{2**31}; unset it to use the default ({getattr(cls(), name)})")
+            values[name] = int(text)
+        return cls(**values)
+
+
+def _quote(text: str, limit: int) -> str:
+    """`text` as a quoted excerpt of at most `limit` UTF-8 bytes, so that no message echoes a huge input."""
+    if len(text) * 4 > limit:
+        raw = text.encode("utf-8", "surrogatepass")
+        if len(raw) > limit:
+            cut = raw[:limit].decode("utf-8", "ignore")
+            return f"{cut!r}... ({len(raw)} bytes)"
+    return repr(text)
+
+
 @dataclass(frozen=True, slots=True)
 class Point:
     """One parsed line. `tags` may be shared between points of the same series: treat it as read-only.
@@ -83,6 +151,16 @@ class LineError:
         return f"line {self.line}, column {self.column}: {self.message}"
 
 
+def describe_errors(errors: Sequence[LineError], *, shown: int | None = None) -> str:
+    """"N bad lines: <the first `shown`>; and K more bad lines": a bounded list for one error paragraph."""
+    limit = Limits.from_env().errors_shown if shown is None else shown
+    count = len(errors)
+    listed = "; ".join(str(e) for e in errors[:limit])
+    more = count - limit
+    tail = f"; and {more} more bad line{'s' if more != 1 else ''}" if more > 0 else ""
+    return f"{count} bad line{'s' if count != 1 else ''}: {listed}{tail}"
+
+
 @dataclass(frozen=True, slots=True)
 class ParseResult:
     points: tuple[Point, ...]
@@ -92,18 +170,12 @@ class ParseResult:
     def ok(self) -> bool:
         return not self.errors
 
-    def raise_for_errors(self, *, limit: int = 10) -> None:
+    def raise_for_errors(self, *, limit: int | None = None) -> None:
         """Raise one `BadInputError` naming the first `limit` errors (and how many more), if there are any."""
         if not self.errors:
             return
-        shown = "; ".join(str(e) for e in self.errors[:limit])
-        more = len(self.errors) - limit
-        tail = f"; and {more} more bad line{'s' if more != 1 else ''}" if more > 0 else ""
-        count = len(self.errors)
-        raise BadInputError(
-            f"line protocol has {count} bad line{'s' if count != 1 else ''}: {shown}{tail}. "
-            "Nothing was written; fix these lines and write again"
-        )
+        raise BadInputError(f"line protocol has {describe_errors(self.errors, shown=limit)}. "
+                            "Nothing was written; fix these lines and write again")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -121,9 +193,20 @@ _BOOLS: dict[str, bool] = {
     "f": False, "F": False, "false": False, "False": False, "FALSE": False,
 }  # fmt: skip
 
-# float() alone is too lenient (underscores, "inf", "nan", surrounding whitespace, non-ASCII digits): a token
-# made only of these characters, not starting with '+', that float() accepts is exactly the line protocol float.
+# float() alone is too lenient (surrounding whitespace, "inf", "nan", a leading '+', non-ASCII digits): a token
+# made only of these characters, not starting with '+', that float() accepts is exactly Go's decimal float
+# without underscores. Anything else is checked against the whole of Go's float grammar below.
 _FLOAT_CHARS = "0123456789.eE+-"
+_DIGITS = r"[0-9](?:_?[0-9])*"
+_HEX = r"[0-9a-fA-F]"
+_GO_DECIMAL = re.compile(rf"-?(?:{_DIGITS}(?:\.(?:{_DIGITS})?)?|\.{_DIGITS})(?:[eE][+-]?{_DIGITS})?")
+# After the 0x prefix an underscore may come first: Go counts the prefix as a digit. A hex float needs its p.
+_GO_HEX = re.compile(rf"-?0[xX](?:(?:_?{_HEX})+(?:\.(?:{_HEX}(?:_?{_HEX})*)?)?|\.{_HEX}(?:_?{_HEX})*)"
+                     rf"[pP][+-]?{_DIGITS}")
+
+# U+0000-U+001F and U+007F: the reference refuses them everywhere but inside string values.
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+_CONTROL_NAMES = {"\t": "a tab", "\r": "a carriage return", "\x00": "a NUL byte"}
 
 _VALUE_HELP = (
     "expected a float (1.5, -2, .5, 1e10), an integer (12i), an unsigned integer (12u), "
@@ -136,23 +219,41 @@ _HEAD_CACHE_LIMIT = 100_000
 # name -> (type, line that introduced it); line 0 means the caller's existing schema.
 _Schema = dict[str, dict[str, tuple[ColumnType, int]]]
 _Typed = tuple[ColumnType, object]
+_Quote = Callable[[str], str]
 
 
 class _Fail(Exception):
-    """A bad line: 0-based position of the offending character and the message."""
+    """A bad line: 0-based position of the offending character and the message; `offset` is how many lines
+    after the entry's first the position is (a string value may span lines), `skip` how many lines the bad entry
+    took beyond its first."""
 
-    def __init__(self, pos: int, message: str) -> None:
+    def __init__(self, pos: int, message: str, offset: int = 0, skip: int | None = None) -> None:
         super().__init__(message)
         self.pos = pos
         self.message = message
+        self.offset = offset
+        self.skip = offset if skip is None else skip
+
+
+def _control_name(c: str) -> str:
+    return _CONTROL_NAMES.get(c, f"the control character U+{ord(c):04X}")
 
 
 def _reserved(kind: str, name: str) -> str | None:
     if name == TIME:
         return f"{kind} key 'time' is reserved for the timestamp; rename the {kind}"
     if name.startswith("__"):
-        return f"{kind} key {name!r} starts with '__', which is reserved for internal columns; rename the {kind}"
+        return f"{kind} key starts with '__', which is reserved for internal columns; rename the {kind}"
     return None
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _too_long(name: str, limit: int) -> bool:
+    # A character is at most 4 bytes: most names are decided without encoding them.
+    return len(name) * 4 > limit and (len(name) > limit or _utf8_len(name) > limit)
 
 
 def _where(line: int) -> str:
@@ -168,40 +269,66 @@ def _is_signed_digits(s: str) -> bool:
     return _is_digits(s[1:]) if s[:1] == "-" else _is_digits(s)
 
 
-def _parse_value(tok: str, key: str, pos: int) -> _Typed:
+def _int(digits: str) -> int:
+    """The value of optionally signed ASCII digits, already checked. Past 20 significant digits any value is out of
+    every 64-bit range, so a huge one is not converted (Python refuses more than 4300 digits, and slowly)."""
+    body = digits.lstrip("-").lstrip("0")
+    if len(body) > 20:
+        return UINT64_MAX + 1 if digits[:1] != "-" else INT64_MIN - 1
+    return -int(body or "0") if digits[:1] == "-" else int(body or "0")
+
+
+def _parse_float(tok: str) -> float | None:
+    """Go's strconv.ParseFloat over a token that starts like a number; None if it is not one."""
+    if not tok.strip(_FLOAT_CHARS):
+        if tok[0] == "+":
+            return None
+        try:
+            return float(tok)
+        except ValueError:
+            return None
+    if _GO_DECIMAL.fullmatch(tok):
+        return float(tok.replace("_", ""))
+    if _GO_HEX.fullmatch(tok):
+        try:
+            return float.fromhex(tok.replace("_", ""))
+        except OverflowError:
+            return float("inf")
+    return None
+
+
+def _parse_value(tok: str, key: str, pos: int, q: _Quote) -> _Typed:
     """A non-string field value token (never empty)."""
     last = tok[-1]
     if last == "i":
         body = tok[:-1]
         if not _is_signed_digits(body):
-            raise _Fail(pos, f"field {key!r} has an invalid integer {tok!r}: expected digits with an optional '-' and "
-                        "the suffix i, like 12i or -3i")
-        ivalue = int(body)
+            raise _Fail(pos, f"field {q(key)} has an invalid integer {q(tok)}: expected digits with an optional '-' "
+                        "and the suffix i, like 12i or -3i")
+        ivalue = _int(body)
         if not INT64_MIN <= ivalue <= INT64_MAX:
-            raise _Fail(pos, f"field {key!r} integer {tok} is out of range: integers are signed 64-bit "
+            raise _Fail(pos, f"field {q(key)} integer {q(tok)} is out of range: integers are signed 64-bit "
                         f"({INT64_MIN}..{INT64_MAX}); use an unsigned (u) or float value for larger numbers")
         return (_INTEGER, ivalue)
     if last == "u":
         body = tok[:-1]
         if not _is_digits(body):
-            raise _Fail(pos, f"field {key!r} has an invalid unsigned integer {tok!r}: expected digits without a sign "
-                        "and the suffix u, like 12u")
-        uvalue = int(body)
+            raise _Fail(pos, f"field {q(key)} has an invalid unsigned integer {q(tok)}: expected digits without a "
+                        "sign and the suffix u, like 12u")
+        uvalue = _int(body)
         if uvalue > UINT64_MAX:
-            raise _Fail(pos, f"field {key!r} unsigned integer {tok} is out of range: unsigned integers are 64-bit "
-                        f"(0..{UINT64_MAX})")
+            raise _Fail(pos, f"field {q(key)} unsigned integer {q(tok)} is out of range: unsigned integers are "
+                        f"64-bit (0..{UINT64_MAX})")
         return (_UNSIGNED, uvalue)
     flag = _BOOLS.get(tok)
     if flag is not None:
         return (_BOOLEAN, flag)
-    if tok[0] == "+" or tok.strip(_FLOAT_CHARS):
-        raise _Fail(pos, f"field {key!r} has an invalid value {tok!r}: {_VALUE_HELP}")
-    try:
-        fvalue = float(tok)
-    except ValueError:
-        raise _Fail(pos, f"field {key!r} has an invalid number {tok!r}: {_VALUE_HELP}") from None
+    # As the reference: a number starts with a digit, '-' or '.'; anything else is no known type.
+    fvalue = _parse_float(tok) if tok[0] in "-.0123456789" else None
+    if fvalue is None:
+        raise _Fail(pos, f"field {q(key)} has an invalid value {q(tok)}: {_VALUE_HELP}")
     if fvalue - fvalue != 0.0:
-        raise _Fail(pos, f"field {key!r} float {tok} is out of range: floats are 64-bit and must be finite")
+        raise _Fail(pos, f"field {q(key)} float {q(tok)} is out of range: floats are 64-bit and must be finite")
     return (_FLOAT, fvalue)
 
 
@@ -226,58 +353,140 @@ _MEASUREMENT_STOPS = ", "
 _MEASUREMENT_ESCAPES = ", "
 _KEY_STOPS = ",= "
 _KEY_ESCAPES = ",= "
+# In a string value; everything else after a backslash (a newline included) keeps the backslash.
+_STRING_ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "r": "\r", "t": "\t"}
+_STRING_SPECIAL = re.compile(r'["\\]')
 
 
-def _read_escaped(s: str, i: int, n: int, stops: str, escapes: str) -> tuple[str, int]:
-    """Read up to the first unescaped stop character; a backslash before anything but `escapes` is literal."""
+def _eol(line: str) -> int:
+    """Where a physical line's content ends: before a final CR (CRLF is a line ending)."""
+    return len(line) - 1 if line.endswith("\r") else len(line)
+
+
+_MEASUREMENT_SPECIAL = re.compile("[, \\\\\x00-\x1f\x7f]")
+_KEY_SPECIAL = re.compile("[,= \\\\\x00-\x1f\x7f]")
+
+
+def _read_escaped(s: str, i: int, n: int, special: re.Pattern[str], stops: str, escapes: str, what: str,
+                  longest: int, excerpt: int) -> tuple[str, int]:
+    """Read up to the first unescaped stop character; a backslash before anything but `escapes` is literal.
+    A control character is refused here, with its position, and so is a token longer than `longest` characters
+    (read no further than that: a 10 MB name costs no more than a short one)."""
     out: list[str] = []
-    while i < n:
-        c = s[i]
+    start = i
+    while True:
+        m = special.search(s, i, n)
+        j = n if m is None else m.start()
+        if j - start > longest:
+            shown = _quote(s[start:start + excerpt], excerpt)
+            raise _Fail(start, f"{what} {shown} is longer than the limit of {longest} "
+                        "bytes (IOX_LP_MAX_NAME_BYTES for names, IOX_LP_MAX_LINE_BYTES for values); shorten it")
+        out.append(s[i:j])
+        if m is None:
+            return "".join(out), n
+        c = s[j]
         if c == "\\":
-            if i + 1 < n and s[i + 1] in escapes:
-                out.append(s[i + 1])
-                i += 2
+            if j + 1 < n and s[j + 1] in escapes:
+                out.append(s[j + 1])
+                i = j + 2
             else:
                 out.append(c)
-                i += 1
+                i = j + 1
         elif c in stops:
-            break
+            return "".join(out), j
         else:
-            out.append(c)
-            i += 1
-    return "".join(out), i
+            raise _Fail(j, f"{_control_name(c)} is not allowed in {what}: names and tag values hold printable "
+                        "characters only (separate sections with spaces)")
 
 
-def _read_string(s: str, i: int, n: int, key: str) -> tuple[str, int]:
-    """A double-quoted string starting at s[i]; returns its value and the position after the closing quote."""
+def _check_name(name: str, pos: int, what: str, lim: Limits) -> None:
+    if _too_long(name, lim.max_name_bytes):
+        raise _Fail(pos, f"{what} {_quote(name, lim.excerpt_bytes)} is {_utf8_len(name)} bytes long, more than the "
+                    f"limit of {lim.max_name_bytes} (IOX_LP_MAX_NAME_BYTES); use a shorter name")
+
+
+class _Entry:
+    """The physical lines of the input and where the entry being scanned has got to: a string value may carry
+    it onto later lines."""
+
+    __slots__ = ("lines", "k", "first", "budget")
+
+    def __init__(self, lines: list[str], k: int, budget: int) -> None:
+        self.lines = lines
+        self.k = k
+        self.first = k
+        self.budget = budget
+
+    @property
+    def offset(self) -> int:
+        return self.k - self.first
+
+
+def _read_string(entry: _Entry, i: int, key: str, lim: Limits) -> tuple[str, str, int]:
+    """A double-quoted string starting at `entry`'s current line, position i. Returns its value, the line the
+    closing quote is on and the position after it (the entry moves on to that line)."""
+    lines = entry.lines
+    s = lines[entry.k]
+    start_offset = entry.offset
     out: list[str] = []
     j = i + 1
-    while j < n:
-        c = s[j]
-        if c == "\\" and j + 1 < n and s[j + 1] in '"\\':
-            out.append(s[j + 1])
-            j += 2
-        elif c == '"':
-            return "".join(out), j + 1
+    while True:
+        m = _STRING_SPECIAL.search(s, j)
+        if m is None:
+            out.append(s[j:])
+            if entry.k + 1 >= len(lines):
+                raise _Fail(i, f"string value of field {_quote(key, lim.excerpt_bytes)} is not terminated: expected a "
+                            "closing '\"' (write a '\"' inside a string as \\\")", start_offset, entry.offset)
+            entry.k += 1
+            s = lines[entry.k]
+            entry.budget -= _utf8_len(s) + 1
+            if entry.budget < 0:
+                raise _Fail(i, f"string value of field {_quote(key, lim.excerpt_bytes)} is not terminated within "
+                            f"{lim.max_line_bytes} bytes (IOX_LP_MAX_LINE_BYTES): expected a closing '\"'",
+                            start_offset, entry.offset)
+            out.append("\n")
+            j = 0
+            continue
+        pos = m.start()
+        if s[pos] == '"':
+            out.append(s[j:pos])
+            return "".join(out), s, pos + 1
+        escaped = _STRING_ESCAPES.get(s[pos + 1]) if pos + 1 < len(s) else None
+        if escaped is None:
+            out.append(s[j:pos + 1])
+            j = pos + 1
         else:
-            out.append(c)
-            j += 1
-    raise _Fail(i, f"string value of field {key!r} is not terminated: expected a closing '\"' on the same line "
-                "(write a '\"' inside a string as \\\")")
+            out.append(s[j:pos])
+            out.append(escaped)
+            j = pos + 2
 
 
-def _scan(line: str, lineno: int, precision: Precision, schema: _Schema) -> tuple[
+def _scan(entry: _Entry, precision: Precision, schema: _Schema, lim: Limits, lineno: int) -> tuple[
         str, Mapping[str, str], dict[str, _Typed], int | None]:
-    s = line
-    # Trailing blanks only ever matter on a line that is bad anyway; dropping them keeps the checks below simple.
-    n = len(s.rstrip(" \t"))
+    try:
+        return _scan_entry(entry, precision, schema, lim, lineno)
+    except _Fail as fail:
+        if fail.offset == 0 and fail.skip == 0:
+            fail.offset = fail.skip = entry.offset
+        raise
+
+
+def _scan_entry(entry: _Entry, precision: Precision, schema: _Schema, lim: Limits, lineno: int) -> tuple[
+        str, Mapping[str, str], dict[str, _Typed], int | None]:
+    def q(text: str) -> str:
+        return _quote(text, lim.excerpt_bytes)
+
+    s = entry.lines[entry.k]
+    n = _eol(s)
     i = 0
-    while i < n and s[i] in " \t":
+    while i < n and s[i] == " ":
         i += 1
 
-    measurement, i = _read_escaped(s, i, n, _MEASUREMENT_STOPS, _MEASUREMENT_ESCAPES)
+    measurement, i = _read_escaped(s, i, n, _MEASUREMENT_SPECIAL, _MEASUREMENT_STOPS, _MEASUREMENT_ESCAPES,
+                                    "a measurement name", lim.max_name_bytes, lim.excerpt_bytes)
     if not measurement:
         raise _Fail(i, "missing measurement: a line starts with the measurement name, like cpu,host=a usage=1.5")
+    _check_name(measurement, 0, "measurement", lim)
     known = schema.get(measurement, {})
 
     tags: dict[str, str] = {}
@@ -285,27 +494,33 @@ def _scan(line: str, lineno: int, precision: Precision, schema: _Schema) -> tupl
     while i < n and s[i] == ",":
         i += 1
         kpos = i
-        key, i = _read_escaped(s, i, n, _KEY_STOPS, _KEY_ESCAPES)
+        key, i = _read_escaped(s, i, n, _KEY_SPECIAL, _KEY_STOPS, _KEY_ESCAPES, "a tag key", lim.max_name_bytes,
+                               lim.excerpt_bytes)
         if not key:
             raise _Fail(kpos, "empty tag key: expected key=value after ','")
+        if len(tags) >= lim.max_columns:
+            raise _Fail(kpos, f"more than {lim.max_columns} tags and fields on one line (IOX_LP_MAX_COLUMNS): "
+                        "split the point or raise the limit")
+        _check_name(key, kpos, "tag key", lim)
         if key in tag_pos:
-            raise _Fail(kpos, f"duplicate tag key {key!r}: it is already set at column {tag_pos[key] + 1}")
+            raise _Fail(kpos, f"duplicate tag key {q(key)}: it is already set at column {tag_pos[key] + 1}")
         problem = _reserved("tag", key)
         if problem:
             raise _Fail(kpos, problem)
         prior = known.get(key)
         if prior is not None and prior[0] is not _TAG:
-            raise _Fail(kpos, f"{key!r} is a {prior[0].value} field of measurement {measurement!r} {_where(prior[1])}; "
-                        "a name cannot be both a tag and a field")
+            raise _Fail(kpos, f"{q(key)} is a {prior[0].value} field of measurement {q(measurement)} "
+                        f"{_where(prior[1])}; a name cannot be both a tag and a field")
         if i >= n or s[i] != "=":
-            raise _Fail(i, f"tag {key!r} has no value: expected {key}=value (omit a tag that has no value)")
+            raise _Fail(i, f"tag {q(key)} has no value: expected key=value (omit a tag that has no value)")
         i += 1
         vpos = i
-        value, i = _read_escaped(s, i, n, _KEY_STOPS, _KEY_ESCAPES)
+        value, i = _read_escaped(s, i, n, _KEY_SPECIAL, _KEY_STOPS, _KEY_ESCAPES, "a tag value",
+                                  lim.max_line_bytes, lim.excerpt_bytes)
         if i < n and s[i] == "=":
-            raise _Fail(i, f"unescaped '=' in the value of tag {key!r}: write it as \\=")
+            raise _Fail(i, f"unescaped '=' in the value of tag {q(key)}: write it as \\=")
         if not value:
-            raise _Fail(vpos, f"tag {key!r} has no value: expected {key}=value (omit a tag that has no value)")
+            raise _Fail(vpos, f"tag {q(key)} has no value: expected key=value (omit a tag that has no value)")
         tags[key] = value
         tag_pos[key] = kpos
 
@@ -320,37 +535,43 @@ def _scan(line: str, lineno: int, precision: Precision, schema: _Schema) -> tupl
     field_pos: dict[str, int] = {}
     while True:
         kpos = i
-        key, i = _read_escaped(s, i, n, _KEY_STOPS, _KEY_ESCAPES)
+        key, i = _read_escaped(s, i, n, _KEY_SPECIAL, _KEY_STOPS, _KEY_ESCAPES, "a field key", lim.max_name_bytes,
+                               lim.excerpt_bytes)
         if not key:
             raise _Fail(kpos, "empty field key: expected key=value")
+        if len(tags) + len(fields) >= lim.max_columns:
+            raise _Fail(kpos, f"more than {lim.max_columns} tags and fields on one line (IOX_LP_MAX_COLUMNS): "
+                        "split the point or raise the limit")
+        _check_name(key, kpos, "field key", lim)
         if key in field_pos:
-            raise _Fail(kpos, f"duplicate field key {key!r}: it is already set at column {field_pos[key] + 1}")
+            raise _Fail(kpos, f"duplicate field key {q(key)}: it is already set at column {field_pos[key] + 1}")
         problem = _reserved("field", key)
         if problem:
             raise _Fail(kpos, problem)
         if key in tags:
-            raise _Fail(kpos, f"{key!r} is a tag on this line (column {tag_pos[key] + 1}) and cannot also be a field")
+            raise _Fail(kpos, f"{q(key)} is a tag on this line (column {tag_pos[key] + 1}) and cannot also be a field")
         prior = known.get(key)
         if prior is not None and prior[0] is _TAG:
-            raise _Fail(kpos, f"{key!r} is a tag of measurement {measurement!r} {_where(prior[1])}; "
+            raise _Fail(kpos, f"{q(key)} is a tag of measurement {q(measurement)} {_where(prior[1])}; "
                         "a name cannot be both a tag and a field")
         if i >= n or s[i] != "=":
-            raise _Fail(i, f"field {key!r} has no value: expected {key}=value")
+            raise _Fail(i, f"field {q(key)} has no value: expected key=value")
         i += 1
         vpos = i
         if i < n and s[i] == '"':
-            text, i = _read_string(s, i, n, key)
+            text, s, i = _read_string(entry, i, key, lim)
+            n = _eol(s)
             typed: _Typed = (_STRING, text)
         else:
             j = i
             while j < n and s[j] != "," and s[j] != " ":
                 j += 1
             if j == i:
-                raise _Fail(i, f"field {key!r} has no value: expected {key}=value")
-            typed = _parse_value(s[i:j], key, vpos)
+                raise _Fail(i, f"field {q(key)} has no value: expected key=value")
+            typed = _parse_value(s[i:j], key, vpos, q)
             i = j
         if prior is not None and prior[0] is not typed[0]:
-            raise _Fail(vpos, f"field {key!r} of measurement {measurement!r} is {typed[0].value} here but "
+            raise _Fail(vpos, f"field {q(key)} of measurement {q(measurement)} is {typed[0].value} here but "
                         f"{prior[0].value} {_where(prior[1])}; a field keeps one type")
         fields[key] = typed
         field_pos[key] = kpos
@@ -359,7 +580,7 @@ def _scan(line: str, lineno: int, precision: Precision, schema: _Schema) -> tupl
             continue
         break
     if i < n and s[i] != " ":
-        raise _Fail(i, f"unexpected {s[i]!r} after the value of field {key!r}: expected ',' and another field, "
+        raise _Fail(i, f"unexpected {q(s[i])} after the value of field {q(key)}: expected ',' and another field, "
                     "or a space and the timestamp")
 
     while i < n and s[i] == " ":
@@ -371,16 +592,16 @@ def _scan(line: str, lineno: int, precision: Precision, schema: _Schema) -> tupl
             i += 1
         tok = s[tpos:i]
         if not _is_signed_digits(tok):
-            raise _Fail(tpos, f"invalid timestamp {tok!r}: expected an integer number of {precision.unit} since "
+            raise _Fail(tpos, f"invalid timestamp {q(tok)}: expected an integer number of {precision.unit} since "
                         "1970-01-01T00:00:00Z, or nothing")
-        time = int(tok) * precision.multiplier
+        time = _int(tok) * precision.multiplier
         if not INT64_MIN <= time <= INT64_MAX:
-            raise _Fail(tpos, f"timestamp {tok} ({precision.unit}) is out of range: it must fit a signed 64-bit "
+            raise _Fail(tpos, f"timestamp {q(tok)} ({precision.unit}) is out of range: it must fit a signed 64-bit "
                         "count of nanoseconds (years 1677 to 2262)")
         while i < n and s[i] == " ":
             i += 1
         if i < n:
-            raise _Fail(i, f"unexpected {s[i:n]!r} after the timestamp: expected the end of the line")
+            raise _Fail(i, f"unexpected {q(s[i:n])} after the timestamp: expected the end of the line")
 
     _commit(schema, measurement, tags, fields, lineno)
     return measurement, MappingProxyType(tags), fields, time
@@ -393,34 +614,39 @@ class _Head:
     """A parsed `measurement,tags` prefix, shared by every line of that series, with the field layouts that
     were already accepted after it: (field keys, codes of the values that are not floats)."""
 
-    __slots__ = ("measurement", "tags", "tag_keys", "accepted")
+    __slots__ = ("measurement", "tags", "tag_keys", "accepted", "room")
 
-    def __init__(self, measurement: str, tags: dict[str, str]) -> None:
+    def __init__(self, measurement: str, tags: dict[str, str], max_columns: int) -> None:
         self.measurement = measurement
         self.tags: Mapping[str, str] = MappingProxyType(tags)
         self.tag_keys = tuple(tags)
         self.accepted: set[tuple[tuple[str, ...], str]] = set()
+        # How many fields a line of this series may have within the limit on tags and fields.
+        self.room = max_columns - len(tags)
 
 
-_BAD_HEAD = _Head("", {})
+_BAD_HEAD = _Head("", {}, 0)
 _FLOAT_ENDS = frozenset("0123456789.")
 _CODES = {_FLOAT: "f", _INTEGER: "i", _UNSIGNED: "u", _BOOLEAN: "b", _STRING: "s"}
 
 
-def _fast_head(head: str) -> _Head:
+def _fast_head(head: str, lim: Limits) -> _Head:
+    # Runs once per distinct head, so the checks on names cost nothing per line.
+    if _CONTROL.search(head):
+        return _BAD_HEAD
     parts = head.split(",")
     measurement = parts[0]
-    if not measurement:
+    if not measurement or len(parts) > lim.max_columns or _too_long(measurement, lim.max_name_bytes):
         return _BAD_HEAD
     tags: dict[str, str] = {}
     for part in parts[1:]:
         key, _, value = part.partition("=")
-        if not key or not value or "=" in value:
+        if not key or not value or "=" in value or _too_long(key, lim.max_name_bytes):
             return _BAD_HEAD
         tags[key] = value
     if len(tags) != len(parts) - 1:
         return _BAD_HEAD
-    return _Head(measurement, tags)
+    return _Head(measurement, tags, lim.max_columns)
 
 
 # Points are built without the frozen dataclass __init__ (one object.__setattr__ per field): about 10% of a
@@ -444,12 +670,12 @@ def _point(line: int, measurement: str, tags: Mapping[str, str], fields: Mapping
 
 
 def _fast(line: str, lineno: int, multiplier: int, default_time: int, heads: dict[str, _Head],
-          intern: Callable[[str, str], str], schema: _Schema) -> Point | None:
+          intern: Callable[[str, str], str], schema: _Schema, lim: Limits) -> Point | None:
     parts = line.split(" ")
     count = len(parts)
     if count == 3:
         head, body, stamp = parts
-        if not ((stamp.isdigit() and stamp.isascii()) or _is_signed_digits(stamp)):
+        if not ((stamp.isdigit() and stamp.isascii()) or _is_signed_digits(stamp)) or len(stamp) > 20:
             return None
         time = int(stamp) * multiplier
         if time > INT64_MAX or time < INT64_MIN:
@@ -464,13 +690,16 @@ def _fast(line: str, lineno: int, multiplier: int, default_time: int, heads: dic
     if series is None:
         if len(heads) >= _HEAD_CACHE_LIMIT:
             heads.clear()
-        series = heads[head] = _fast_head(head)
+        series = heads[head] = _fast_head(head, lim)
     if series is _BAD_HEAD:
         return None
 
     # `kinds` notes the type and position of each value that is not a float, so that the layout check below
     # covers types as well as names; for the usual all-float line it stays empty.
     if "=+" in body:
+        return None
+    commas = body.count(",")
+    if commas >= series.room:
         return None
     fields: dict[str, _Typed] = {}
     kinds = ""
@@ -480,7 +709,7 @@ def _fast(line: str, lineno: int, multiplier: int, default_time: int, heads: dic
             # One copy of each name for the whole input, not one per point.
             key = intern(key, key)
             if tok[-1] in _FLOAT_ENDS:
-                # _parse_value's float branch, inlined; "+1" was excluded above.
+                # _parse_float's plain branch, inlined; "+1" was excluded above.
                 if tok.strip(_FLOAT_CHARS):
                     return None
                 value = float(tok)
@@ -488,12 +717,12 @@ def _fast(line: str, lineno: int, multiplier: int, default_time: int, heads: dic
                     return None
                 fields[key] = (_FLOAT, value)
             else:
-                typed = _parse_value(tok, key, 0)
+                typed = _parse_value(tok, key, 0, repr)
                 fields[key] = typed
                 kinds += f"{_CODES[typed[0]]}{len(fields)},"
     except (IndexError, ValueError, _Fail):
         return None
-    if len(fields) != body.count(",") + 1:
+    if len(fields) != commas + 1:
         return None
 
     # Names can only fail on a line whose names and types were never accepted before: the schema only grows
@@ -509,7 +738,8 @@ def _fast(line: str, lineno: int, multiplier: int, default_time: int, heads: dic
             return None
     for key, (kind, _) in fields.items():
         prior = known.get(key)
-        if not key or _reserved("field", key) or key in series.tags or (prior is not None and prior[0] is not kind):
+        if (not key or _reserved("field", key) or key in series.tags or (prior is not None and prior[0] is not kind)
+                or _CONTROL.search(key) or _too_long(key, lim.max_name_bytes)):
             return None
     _commit(schema, series.measurement, series.tags, fields, lineno)
     series.accepted.add(layout)
@@ -519,40 +749,91 @@ def _fast(line: str, lineno: int, multiplier: int, default_time: int, heads: dic
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _parse_lines(text: str, precision: Precision, default_time: int, schema: _Schema) -> tuple[
+class _TooManyBadLines(Exception):
+    pass
+
+
+def _line_too_long(line: str, lim: Limits) -> LineError | None:
+    size = _utf8_len(line)
+    if size <= lim.max_line_bytes:
+        return None
+    column = len(line.encode("utf-8", "surrogatepass")[:lim.max_line_bytes].decode("utf-8", "ignore")) + 1
+    return LineError(0, column, f"the line is {size} bytes long, more than the limit of {lim.max_line_bytes} "
+                     "(IOX_LP_MAX_LINE_BYTES); split it or raise the limit")
+
+
+def _comment_error(line: str) -> LineError | None:
+    bad = _CONTROL.search(line, 0, _eol(line))
+    if bad is None:
+        return None
+    return LineError(0, bad.start() + 1, f"{_control_name(bad.group())} is not allowed in a comment line: "
+                     "comments hold printable characters only")
+
+
+def _slow_line(lines: list[str], lineno: int, precision: Precision, default_time: int, schema: _Schema,
+               lim: Limits) -> tuple[Point | None, LineError | None, int]:
+    """Everything the fast path does not take: blank and comment lines, long lines, and the scanner. Returns the
+    point or the error (neither for a line that holds no point) and how many further lines the entry took."""
+    line = lines[lineno - 1]
+    if len(line) > lim.max_line_bytes // 4:
+        problem = _line_too_long(line, lim)
+        if problem is not None:
+            return None, LineError(lineno, problem.column, problem.message), 0
+    stripped = line.lstrip(" ")
+    if not stripped or stripped == "\r":
+        return None, None, 0
+    if stripped[0] == "#":
+        problem = _comment_error(stripped)
+        if problem is None:
+            return None, None, 0
+        return None, LineError(lineno, problem.column + len(line) - len(stripped), problem.message), 0
+    entry = _Entry(lines, lineno - 1, lim.max_line_bytes - _utf8_len(line))
+    try:
+        measurement, tags, fields, time = _scan(entry, precision, schema, lim, lineno)
+    except _Fail as fail:
+        return None, LineError(lineno + fail.offset, fail.pos + 1, fail.message), fail.skip
+    point = _point(lineno, measurement, tags, fields, default_time if time is None else time)
+    return point, None, entry.offset
+
+
+def _parse_lines(text: str, precision: Precision, default_time: int, schema: _Schema, lim: Limits) -> tuple[
         list[Point], list[LineError]]:
     multiplier = precision.multiplier
     heads: dict[str, _Head] = {}
     names: dict[str, str] = {}
+    intern = names.setdefault
     points: list[Point] = []
     errors: list[LineError] = []
+    # Lines up to this many characters cannot exceed the byte limit (4 bytes a character at most).
+    short = lim.max_line_bytes // 4
+    lines = text.split("\n")
     lineno = 0
-    for line in text.split("\n"):
+    for line in lines:
         lineno += 1
         if not line:
             continue
-        if line[-1] == "\r":
-            line = line[:-1]
-            if not line:
-                continue
-        first = line[0]
-        if first == "#":
-            continue
-        if first == " " or first == "\t":
-            stripped = line.lstrip(" \t")
-            if not stripped or stripped[0] == "#":
-                continue
-        elif "\\" not in line and '"' not in line:
-            point = _fast(line, lineno, multiplier, default_time, heads, names.setdefault, schema)
-            if point is not None:
-                points.append(point)
-                continue
-        try:
-            measurement, tags, fields, time = _scan(line, lineno, precision, schema)
-        except _Fail as fail:
-            errors.append(LineError(lineno, fail.pos + 1, fail.message))
-            continue
-        points.append(_point(lineno, measurement, tags, fields, default_time if time is None else time))
+        if len(line) <= short and "\\" not in line and '"' not in line:
+            first = line[0]
+            if first != "#" and first != " " and first != "\r":
+                point = _fast(line[:-1] if line[-1] == "\r" else line, lineno, multiplier, default_time, heads,
+                              intern, schema, lim)
+                if point is not None:
+                    points.append(point)
+                    continue
+        point, problem, skip = _slow_line(lines, lineno, precision, default_time, schema, lim)
+        # A string value spanning lines makes one entry of several lines: blank the ones it took (the list is
+        # ours), so that the loop skips them at no cost to every other line.
+        for taken in range(lineno, lineno + skip):
+            lines[taken] = ""
+        if point is not None:
+            points.append(point)
+        elif problem is not None:
+            errors.append(problem)
+            if len(errors) > lim.max_bad_lines:
+                raise BadInputError(
+                    f"line protocol has more than {lim.max_bad_lines} bad lines (IOX_LP_MAX_BAD_LINES), so reading "
+                    f"stopped at line {problem.line}: {describe_errors(errors, shown=lim.errors_shown)}. Nothing "
+                    "was written; fix the input (is it line protocol?) and write again")
     return points, errors
 
 
@@ -562,12 +843,15 @@ def parse(
     precision: Precision | str = Precision.NS,
     default_time: int,
     existing: Mapping[str, Mapping[str, ColumnType]] | None = None,
+    limits: Limits | None = None,
 ) -> ParseResult:
-    """Parse line protocol text. Never raises for bad lines: each one becomes a `LineError` and yields no point.
+    """Parse line protocol text. Never raises for a bad line: each one becomes a `LineError` and yields no point;
+    more than `limits.max_bad_lines` of them raise `BadInputError`.
 
-    `default_time` (ns) is the time of lines without a timestamp; pass "now" once so that the whole write agrees.
-    `existing` optionally gives the tables' current columns (measurement -> column -> type), so that a line that
-    conflicts with them (a tag written as a field, a field with another type) is reported here with its line.
+    `default_time` (ns) is the time of lines without a timestamp, truncated to the precision as the reference
+    does; pass "now" once so that the whole write agrees. `existing` optionally gives the tables' current columns
+    (measurement -> column -> type), so that a line that conflicts with them (a tag written as a field, a field
+    with another type) is reported here with its line. `limits` default to `Limits.from_env()`.
     """
     try:
         prec = Precision(precision)
@@ -575,6 +859,8 @@ def parse(
         raise BadInputError(f"precision {precision!r} is not one of ns, us, ms, s") from None
     if not INT64_MIN <= default_time <= INT64_MAX:
         raise BadInputError(f"default time {default_time} does not fit a signed 64-bit count of nanoseconds")
+    lim = Limits.from_env() if limits is None else limits
+    default_time -= default_time % prec.multiplier
 
     schema: _Schema = {}
     for table, columns in (existing or {}).items():
@@ -587,8 +873,39 @@ def parse(
     if collecting:
         gc.disable()
     try:
-        points, errors = _parse_lines(text, prec, default_time, schema)
+        points, errors = _parse_lines(text, prec, default_time, schema, lim)
     finally:
         if collecting:
             gc.enable()
     return ParseResult(tuple(points), tuple(errors))
+
+
+def decode_utf8(data: bytes, source: str) -> str:
+    """The text of `data`, strictly UTF-8: the first byte that is not is reported by line and column (in
+    characters) and nothing is read. A byte order mark stays, as the reference keeps it (part of the first name).
+    CR bytes stay as they are: the parser decides what a CR means."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        start = data.rfind(b"\n", 0, err.start) + 1
+        line = data.count(b"\n", 0, err.start) + 1
+        column = len(data[start:err.start].decode("utf-8", "replace")) + 1
+        bad = data[err.start:err.end].hex(" ")
+        raise BadInputError(
+            f"cannot read {source}: it is not UTF-8 text: line {line}, column {column}: byte(s) {bad} {err.reason}. "
+            "Line protocol is UTF-8; convert the input (for example with iconv -t UTF-8) and write again"
+        ) from None
+
+
+def parse_bytes(
+    data: bytes,
+    *,
+    precision: Precision | str = Precision.NS,
+    default_time: int,
+    existing: Mapping[str, Mapping[str, ColumnType]] | None = None,
+    limits: Limits | None = None,
+    source: str = "input",
+) -> ParseResult:
+    """`parse` over raw bytes, as `iox-batch write` reads them: strict UTF-8 first (see `decode_utf8`)."""
+    return parse(decode_utf8(data, source), precision=precision, default_time=default_time, existing=existing,
+                 limits=limits)
