@@ -236,19 +236,11 @@ def _or(a: Tri, b: Tri) -> Tri:
 # Queries: each batches several predicates into one Spark job
 
 
-def rows_query(preds: list[Pred]) -> str:
-    """Every predicate's rows, tagged with its index (a `*` next to an item, inside a UNION ALL)."""
-    return " UNION ALL ".join(f"SELECT {i} AS q, * FROM m WHERE {p.sql}" for i, p in enumerate(preds))
-
-
-def tlp_query(preds: list[Pred]) -> str:
-    """Ternary logic partitioning: the table's count, and each predicate's counts under p, NOT p, p IS NULL."""
-    parts = ["SELECT -1 AS q, 'all' AS part, count(*) AS n FROM m"]
-    for i, p in enumerate(preds):
-        parts.append(f"SELECT {i} AS q, 'p' AS part, count(*) AS n FROM m WHERE {p.sql}")
-        parts.append(f"SELECT {i} AS q, 'not' AS part, count(*) AS n FROM m WHERE NOT ({p.sql})")
-        parts.append(f"SELECT {i} AS q, 'null' AS part, count(*) AS n FROM m WHERE ({p.sql}) IS NULL")
-    return " UNION ALL ".join(parts)
+def partition_query(pred: Pred) -> str:
+    """Ternary logic partitioning with the rows themselves: one branch per part (p, NOT p, p IS NULL), each its
+    own scan with its own pushdown, tagged with the part (a `*` next to an item, inside a UNION ALL)."""
+    return " UNION ALL ".join(f"SELECT '{part}' AS part, * FROM m WHERE {where}" for part, where in (
+        ("p", pred.sql), ("not", f"NOT ({pred.sql})"), ("null", f"({pred.sql}) IS NULL")))
 
 
 def agg_query(pred: Pred) -> str:
@@ -257,24 +249,14 @@ def agg_query(pred: Pred) -> str:
             f"WHERE {pred.sql} GROUP BY t1")
 
 
-def expected_rows(scenario: Scenario, preds: list[Pred]) -> list[tuple[Any, ...]]:
+def expected_partitions(scenario: Scenario, pred: Pred) -> list[tuple[Any, ...]]:
+    """The rows of each part, as `partition_query` returns them (time as microseconds)."""
     out = []
-    for i, p in enumerate(preds):
-        for r in scenario.rows():
-            if p.eval(r) is True:
-                out.append((i, r["t1"], r["t2"], _norm(r["f"]), r["g"], r["s"], r["time"] // 1000))
+    for r in scenario.rows():
+        value = pred.eval(r)
+        part = "p" if value is True else "not" if value is False else "null"
+        out.append((part, r["t1"], r["t2"], _norm(r["f"]), r["g"], r["s"], r["time"] // 1000))
     return sorted(out, key=repr)
-
-
-def expected_tlp(scenario: Scenario, preds: list[Pred]) -> dict[tuple[int, str], int]:
-    rows = scenario.rows()
-    out = {(-1, "all"): len(rows)}
-    for i, p in enumerate(preds):
-        values = [p.eval(r) for r in rows]
-        out[(i, "p")] = sum(v is True for v in values)
-        out[(i, "not")] = sum(v is False for v in values)
-        out[(i, "null")] = sum(v is None for v in values)
-    return out
 
 
 def expected_agg(scenario: Scenario, pred: Pred) -> list[tuple[Any, ...]]:
