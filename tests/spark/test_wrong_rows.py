@@ -157,6 +157,14 @@ def test_star_inside_a_function_means_the_tables_columns(spark: Any, catalog: Ca
         '{"host":"b","v":30.0,"time":"2024-01-01T00:00:04.000Z"}']
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_pivot_groups_by_the_tables_columns_only(spark: Any, catalog: Catalog, db: str, strategy: str) -> None:
+    # 1 ns apart, one microsecond: Spark's `time` is equal, so the pivot makes one row (not one per nanosecond).
+    load(catalog, db, [{"id": "P1", "kind": "ingester", "lines": f"p,host=a v=1 {T0 + S}\np,host=b v=2 {T0 + S + 1}"}])
+    rows = run_jsonl(spark, catalog, db, "SELECT * FROM p PIVOT (sum(v) FOR host IN ('a', 'b'))", strategy=strategy)
+    assert rows == [{"time": "2024-01-01T00:00:01Z", "a": 1.0, "b": 2.0}]
+
+
 def test_star_refused_where_its_columns_are_not_plain(catalog: Catalog, data: str) -> None:
     assert_one_paragraph_error(cli("query", "--db", data, "SELECT count(m.*) AS n FROM m"), "*",
                                "list the columns")

@@ -340,6 +340,7 @@ class _Analysis:
         self.params = params
         self.now_us = now_ns // 1_000
         self.count = len(refs)
+        self.refs = list(refs)
         self.table_of = [r.name for r in refs]
         self.alias_of = [r.alias_or_name for r in refs]
         self.q_alias: dict[int, str] = {}
@@ -388,6 +389,9 @@ class _Analysis:
             if not isinstance(star.parent, exp.Count):
                 for i in range(self.count):
                     self.columns[i].update(self.tables[self.table_of[i]].columns)
+        for i, ref in enumerate(self.refs):
+            if ref.args.get("pivots"):  # a PIVOT groups by every column it does not pivot: read them all
+                self.columns[i].update(self.tables[self.table_of[i]].columns)
         for i in range(self.count):
             if i not in self.q_alias:  # not found in any scope: read everything, push nothing
                 self.columns[i].update(self.tables[self.table_of[i]].columns)
@@ -852,7 +856,13 @@ def _rewrite(statement: exp.Query, refs: Sequence[exp.Table], scans: Sequence[Sc
     by_index = {int(t.meta["iox_ref"]): t for t in tree.find_all(exp.Table) if "iox_ref" in t.meta}
     for i, scan in enumerate(scans):
         original = by_index[i]
-        view = exp.Table(this=identifier(scan.view), alias=exp.TableAlias(this=identifier(scan.alias)))
+        view: exp.Expr = exp.Table(this=identifier(scan.view), alias=exp.TableAlias(this=identifier(scan.alias)))
+        if original.args.get("pivots"):
+            # A PIVOT groups by every input column it does not pivot: over the bare view that would include
+            # `__time_ns`, so it pivots a subquery holding the table's columns only.
+            inner = exp.select(*[column(c) for c in scan.columns]).from_(
+                exp.Table(this=identifier(scan.view), alias=exp.TableAlias(this=identifier(scan.alias))))
+            view = exp.Subquery(this=inner, alias=exp.TableAlias(this=identifier(scan.alias)))
         for key in ("joins", "laterals", "pivots", "hints", "sample", "version", "when"):
             if original.args.get(key):
                 view.set(key, original.args[key])
@@ -1007,11 +1017,19 @@ def _expanded_items(items: list[exp.Expr], stars: list[int], done: list[exp.Expr
                                "list the columns explicitly")
     for i in bare:
         counts[i] = rest // len(bare)
+    pivoted = any(isinstance(node, exp.Pivot) for node in _own_nodes(scope.expression))
     out: list[exp.Expr] = []
     position = 0
     for i, item in enumerate(items):
         if i in counts:
-            out.extend(_requote(e.copy()) for e in done[position:position + counts[i]])
+            for expanded in done[position:position + counts[i]]:
+                copied = _requote(expanded.copy())
+                if pivoted:
+                    # qualify names the pivot's output (`_0`); the SQL as written does not, and its columns
+                    # are unique, so they go unqualified.
+                    for col in copied.find_all(exp.Column):
+                        col.set("table", None)
+                out.append(copied)
             position += counts[i]
         else:
             out.append(item)
