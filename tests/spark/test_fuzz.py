@@ -17,9 +17,10 @@ Spark's cost is per scan, and unions of many scans cost more than their parts, s
 module runs with `spark.sql.shuffle.partitions=1` (restored afterwards): results never depend on it, and tiny
 scenarios spend most of their time scheduling empty shuffle tasks otherwise.
 
-`IOX_FUZZ_CASES` sets the number of cases (default 64 in CI: about 80 s measured on the shared 2-core machine); `IOX_FUZZ_SEED` the first seed. A failure prints
-the seed, the run, and a scenario and SQL shrunk by dropping chunks, rows and predicate parts; replay it with
-`pytest tests/spark/test_fuzz.py -k 'seed=N'` (same IOX_FUZZ_SEED).
+`IOX_FUZZ_CASES` sets the number of cases (default 64 in CI: about 80 s measured on the shared 2-core
+machine); `IOX_FUZZ_SEED` the first seed. A failure prints the seed, the run, and a scenario and SQL shrunk by
+dropping chunks, rows and predicate parts; replay it with `pytest tests/spark/test_fuzz.py -k 'seed=N'` (same
+IOX_FUZZ_SEED).
 """
 
 from __future__ import annotations
