@@ -100,7 +100,8 @@ def random_scenario(rng: random.Random) -> Scenario:
             t1 = "a" if order == 1 and n == 0 else rng.choice(TAG_VALUES["t1"])
             t2 = "p" if order == 1 and n == 0 else rng.choice(TAG_VALUES["t2"])
             values = [(f, _random_value(rng, FIELDS[f])) for f in names
-                      if (order == 1 and n == 0) or rng.random() < 0.7] or [(names[0], _random_value(rng, FIELDS[names[0]]))]
+                      if (order == 1 and n == 0) or rng.random() < 0.7]
+            values = values or [(names[0], _random_value(rng, FIELDS[names[0]]))]
             time = TIMES[min(len(TIMES) - 1, base + rng.randint(0, 2))] if rng.random() < 0.8 else rng.choice(TIMES)
             points.append(Point((("t1", t1), ("t2", t2)), tuple(values), time))
         chunks.append(ChunkSpec(f"C{order}", kind, order, tuple(points)))

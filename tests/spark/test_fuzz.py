@@ -77,7 +77,8 @@ def check(spark: Any, catalog: Catalog, db: str, scenario: fz.Scenario, pred: fz
     if len(got) != len(want):
         return f"TLP: p, NOT p and p IS NULL hold {len(got)} rows together; the table has {len(want)}"
     if got != want:
-        return f"parts differ: got {sorted(set(got) - set(want), key=repr)}, oracle {sorted(set(want) - set(got), key=repr)}"
+        extra, missing = sorted(set(got) - set(want), key=repr), sorted(set(want) - set(got), key=repr)
+        return f"parts differ: got {extra}, oracle {missing}"
     if aggregate:
         rows = run(fz.agg_query(pred))
         if any(list(r) != ["__k", "n", "sg", "mt"] for r in rows):
