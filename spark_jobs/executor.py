@@ -48,7 +48,8 @@ from iox_planner.planner.nodes import (
     SortPreservingMergeExec,
     UnionExec,
 )
-from iox_planner.planner.predicate import predicate_sql
+from iox_planner.planner.predicate import Conjunct, columns_of, predicate_sql
+from iox_planner.planner.timebounds import time_bounds
 
 TIME_NS = "__time_ns"
 NS_PREFIX = "__iox_ns_"
@@ -301,17 +302,18 @@ class ScanBuilder:
         the columns read above (plus those the filters after the merge read)."""
         schema = dedups[0].schema
         specs = []
-        after: list[str] = []
+        after: list[Conjunct] = []
         for d in dedups:
             chunks, predicates = _group_inputs(d.child)
             for chunk in chunks:
                 if chunk.path is None:
                     raise CatalogError(f"chunk {chunk.id} has no file (metadata only); it cannot be read")
                 check_file(self.warehouse / chunk.path, chunk.id)
+            # The bounds come from the parsed conjuncts (top-level ANDs only), never from the predicate text.
             specs.append(json.dumps({
                 "files": [[str(self.warehouse / c.path), c.order, c.kind is ChunkKind.INGESTER] for c in chunks
                           if c.path is not None],
-                "bounds": _time_bounds(predicates),
+                "bounds": list(time_bounds(predicates)),
             }))
             # Below a dedup only key columns are filtered, and such a filter commutes with the dedup: apply the
             # filters after the merge (the workers only use their time bounds to skip rows early).
@@ -319,11 +321,7 @@ class ScanBuilder:
         if needs is None:
             output = list(schema)
         else:
-            from iox_planner.planner.predicate import columns_of, parse_predicate
-
-            wanted = set(needs)
-            for predicate in after:
-                wanted |= columns_of(parse_predicate(predicate))
+            wanted = set(needs) | columns_of(after)
             output = [c for c in schema if c in wanted]
         out_schema = self.schema_for(output)
         types = {n: self.columns.get(n, ColumnType.STRING) for n in schema if n != CHUNK_ORDER}
@@ -332,8 +330,8 @@ class ScanBuilder:
         # Python-side RDD and no shuffle stand between the plan and the workers.
         frame = self.spark.range(0, len(specs), 1, numPartitions=max(1, len(specs)))
         result = frame.mapInArrow(merge, out_schema)
-        for predicate in after:
-            result = result.where(predicate)
+        for conjunct in after:
+            result = result.where(predicate_sql([conjunct]))
         return result
 
     def read(self, chunks: Sequence[Chunk], projection: Sequence[str], predicate: str | None) -> DataFrame:
@@ -379,44 +377,21 @@ def check_file(path: Path, chunk_id: str) -> None:
         raise CatalogError(f"chunk {chunk_id}: its file {path} is corrupt (no Parquet magic bytes)")
 
 
-def _group_inputs(node: PlanNode) -> tuple[list[Chunk], list[str]]:
-    """The chunks under a dedup and the (key-only) predicates applied to them on the way."""
+def _group_inputs(node: PlanNode) -> tuple[list[Chunk], list[Conjunct]]:
+    """The chunks under a dedup and the (key-only) conjuncts applied to them on the way, as values."""
     chunks: list[Chunk] = []
-    predicates: list[str] = []
+    conjuncts: list[Conjunct] = []
     for below in node.walk():
         if isinstance(below, FilterExec):
-            predicates.append(predicate_sql(below.predicate))
+            conjuncts.extend(below.predicate)
         elif isinstance(below, ParquetExec):
             chunks.extend(below.files())
-            if below.predicate:
-                predicates.append(predicate_sql(below.predicate))
+            conjuncts.extend(below.predicate or ())
         elif isinstance(below, RecordBatchesExec):
             chunks.extend(below.chunks)
         elif isinstance(below, (DeduplicateExec, EmptyExec)):
             raise CatalogError(f"the Spark runner cannot merge a {below.name} below a DeduplicateExec")
-    return chunks, predicates
-
-
-_TIME_BOUND = re.compile(r"^\(?time (>=|>|<=|<|=) (-?\d+)\)?$")
-
-
-def _time_bounds(predicates: Sequence[str]) -> list[int | None]:
-    """Inclusive [lo, hi] on time that the AND-conjuncts imply, from the simple ones only."""
-    lo: int | None = None
-    hi: int | None = None
-    for predicate in predicates:
-        for conjunct in predicate.split(" AND "):
-            match = _TIME_BOUND.match(conjunct.strip())
-            if not match:
-                continue
-            op, value = match[1], int(match[2])
-            if op in (">=", ">", "="):
-                bound = value + 1 if op == ">" else value
-                lo = bound if lo is None else max(lo, bound)
-            if op in ("<=", "<", "="):
-                bound = value - 1 if op == "<" else value
-                hi = bound if hi is None else min(hi, bound)
-    return [lo, hi]
+    return chunks, conjuncts
 
 
 def _arrow_merger(specs: list[str], schema: list[str], keys: list[str], types: dict[str, str],
@@ -619,7 +594,8 @@ def materialize(result: DataFrame, fmt: str, output: Path | None, stdout: Any) -
             raise BadInputError("parquet output is a folder: give --output PATH")
         from iox_planner.output import staged_folder
 
-        cols = [c for c in result.columns if not c.startswith("__")]
+        # Only the planner's nanosecond helpers go: a user's own `__v` is a result column like any other.
+        cols = [c for c in result.columns if not c.startswith(NS_PREFIX)]
         final = result.select(*[_q(c) for c in cols])
         with staged_folder(output) as tmp:
             final.write.parquet(str(tmp))

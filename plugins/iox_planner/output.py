@@ -34,7 +34,9 @@ class OutputFormat(str, Enum):
 
 
 def finish_columns(table: pa.Table) -> tuple[pa.Table, set[str]]:
-    """Fold `__iox_ns_<name>` helper columns into `<name>` (int64 ns) and drop every internal column.
+    """Fold `__iox_ns_<name>` helper columns into `<name>` (int64 ns) and drop exactly those helpers: they are
+    the only columns the planner adds to a result, and the planner refuses any user name starting with
+    `__iox_`, so every other column (`__v` included) is the user's and stays.
     Returns the table and the names of its nanosecond time columns."""
     ns_cols: set[str] = set()
     for name in table.column_names:
@@ -44,7 +46,7 @@ def finish_columns(table: pa.Table) -> tuple[pa.Table, set[str]]:
                 idx = table.column_names.index(target)
                 table = table.set_column(idx, target, table[name].cast(pa.int64()))
                 ns_cols.add(target)
-    keep = [n for n in table.column_names if not n.startswith("__")]
+    keep = [n for n in table.column_names if not n.startswith(NS_PREFIX)]
     return table.select(keep), ns_cols
 
 

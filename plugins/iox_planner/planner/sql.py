@@ -37,11 +37,12 @@ from sqlglot.schema import MappingSchema
 from sqlglot.tokenizer_core import Token, TokenType
 
 from ..errors import BadInputError, BadQueryError, UnsupportedError
-from ..model import TIME, ColumnType, TableSchema
+from ..model import CHUNK_ORDER, TIME, WRITE_SEQ, ColumnType, TableSchema
 from .functions import ALLOWED, HINTS, REFUSED, SYNTAX
 from .limits import SqlLimits, check_size, check_text, depth_error, nodes_error
 from .nodes import ParamValue
 from .predicate import SPARK, Conjunct, column, identifier, split_conjuncts, to_sql
+from .timebounds import combine, expression_time_bounds
 
 VIEW_PREFIX = "__iox_scan_"
 TIME_NS = "__time_ns"
@@ -51,6 +52,10 @@ NS_PREFIX = "__iox_ns_"
 HIDDEN_PREFIX = "__iox_tns_"
 """A hidden item a subquery or CTE passes the nanoseconds of one of its time columns through as."""
 _NODE = "iox_node"
+INTERNAL_PREFIX = "__iox_"
+"""Every name iox-batch adds to the SQL Spark runs starts so (views, nanosecond helpers), or is one of
+`INTERNAL_NAMES`; a user's query may use none of them, in any spelling."""
+INTERNAL_NAMES = frozenset({TIME_NS, CHUNK_ORDER, WRITE_SEQ})
 
 TagOp = Literal["eq", "in", "gt", "gte", "lt", "lte"]
 
@@ -149,6 +154,7 @@ def analyze(sql: str, tables: Mapping[str, TableSchema], *, params: Mapping[str,
     """Check the query and derive, for each table reference, what its scan must produce."""
     statement = _parse(sql)
     _reject_outside(statement, tables)
+    _reject_internal_names(statement)
     bound = _check_params(statement, params or {})
     refs = _tag_table_references(statement, tables)
     shape = _tag_nodes(statement)
@@ -157,7 +163,7 @@ def analyze(sql: str, tables: Mapping[str, TableSchema], *, params: Mapping[str,
     scans = tuple(front.scan(i) for i in range(len(refs)))
     output = front.output_columns()
     nanos = _Nanoseconds(front, shape).edits()
-    spark_sql = _rewrite(statement, refs, scans, now_ns, nanos)
+    spark_sql = _rewrite(statement, refs, scans, now_ns, nanos, front)
     return AnalyzedQuery(sql, spark_sql, bound, scans, output, tuple(nanos.time_columns))
 
 
@@ -413,6 +419,32 @@ def _shorten(node: exp.Expr) -> str:
     return repr(text if len(text) <= 80 else text[:80] + "...")
 
 
+def is_internal_name(name: str) -> bool:
+    """Whether `name` is, or could be mistaken for, a column or view iox-batch itself adds (any case: Spark's
+    case sensitivity is a setting, so a name that differs only in case is refused too)."""
+    lowered = name.lower()
+    return lowered in INTERNAL_NAMES or lowered.startswith(INTERNAL_PREFIX)
+
+
+def _reject_internal_names(statement: exp.Query) -> None:
+    """No identifier of the query (column, alias, table, CTE, lambda variable) may name an internal column or
+    view: the views Spark reads carry `__time_ns`, and the output drops the helpers the planner adds, so a user
+    name among them would read hidden data or vanish from the result."""
+    for node in statement.walk():
+        name: str | None = None
+        if isinstance(node, exp.Identifier):
+            name = str(node.this)
+        elif isinstance(node, exp.Anonymous) and str(node.this).lower() == "identifier":
+            # IDENTIFIER('name') names a column by a string; the string must pass the same rule.
+            name = next((str(a.this) for a in node.expressions if isinstance(a, exp.Literal) and a.is_string
+                         and is_internal_name(str(a.this))), None)
+        if name is not None and is_internal_name(name):
+            raise BadQueryError(
+                f"the query uses the name {name!r}, which iox-batch reserves for its internal columns and views "
+                f"({', '.join(sorted(INTERNAL_NAMES))} and names starting with {INTERNAL_PREFIX!r}, in any case); "
+                "a query reads the tables' tags, fields and time: rename the alias or column")
+
+
 def _check_params(statement: exp.Query, params: Mapping[str, object]) -> dict[str, ParamValue]:
     names: set[str] = set()
     for ph in statement.find_all(exp.Placeholder):
@@ -535,6 +567,7 @@ class _Analysis:
         self.params = params
         self.now_us = now_ns // 1_000
         self.count = len(refs)
+        self.refs = list(refs)
         self.table_of = [r.name for r in refs]
         self.alias_of = [r.alias_or_name for r in refs]
         self.q_alias: dict[int, str] = {}
@@ -583,6 +616,9 @@ class _Analysis:
             if not isinstance(star.parent, exp.Count):
                 for i in range(self.count):
                     self.columns[i].update(self.tables[self.table_of[i]].columns)
+        for i, ref in enumerate(self.refs):
+            if ref.args.get("pivots"):  # a PIVOT groups by every column it does not pivot: read them all
+                self.columns[i].update(self.tables[self.table_of[i]].columns)
         for i in range(self.count):
             if i not in self.q_alias:  # not found in any scope: read everything, push nothing
                 self.columns[i].update(self.tables[self.table_of[i]].columns)
@@ -635,11 +671,7 @@ class _Analysis:
                 continue
             for part in split_conjuncts(translated):
                 pushed.append(Conjunct.of(part))
-                lo, hi = _time_bounds(part)
-                if lo is not None:
-                    time_min = lo if time_min is None else max(time_min, lo)
-                if hi is not None:
-                    time_max = hi if time_max is None else min(time_max, hi)
+                time_min, time_max = combine([(time_min, time_max), expression_time_bounds(part)])
                 tag = _tag_filter(part, schema)
                 if tag is not None:
                     tag_filters.append(tag)
@@ -651,6 +683,10 @@ class _Analysis:
         names = list(self.qualified.named_selects)
         seen: set[str] = set()
         for name in names:
+            if is_internal_name(name):
+                raise BadQueryError(f"the result column {name!r} would clash with an internal column of iox-batch "
+                                    f"(names starting with {INTERNAL_PREFIX!r} and {', '.join(sorted(INTERNAL_NAMES))} "
+                                    "are reserved); give it another alias")
             if name in seen:
                 raise BadQueryError(f"the result has two columns named {name!r}; give one of them an alias "
                                     f"(... AS {name}_2)")
@@ -1000,37 +1036,6 @@ def _interval_us(node: exp.Expr) -> int | None:
     return int(str(node.this.this).strip()) * _INTERVAL_US[name]
 
 
-def _time_bounds(part: exp.Expr) -> tuple[int | None, int | None]:
-    """Inclusive ns bounds a pushed (translated) conjunct puts on `time`."""
-    if isinstance(part, exp.Between) and _is_time(part.this):
-        return _int(part.args["low"]), _int(part.args["high"])
-    if isinstance(part, (exp.GTE, exp.GT, exp.LT, exp.LTE)) and _is_time(part.this):
-        value = _int(part.expression)
-        if value is None:
-            return None, None
-        if isinstance(part, exp.GTE):
-            return value, None
-        if isinstance(part, exp.GT):
-            return value + 1, None
-        if isinstance(part, exp.LTE):
-            return None, value
-        return None, value - 1
-    return None, None
-
-
-def _is_time(node: exp.Expr) -> bool:
-    return isinstance(node, exp.Column) and node.name == TIME
-
-
-def _int(node: exp.Expr) -> int | None:
-    if isinstance(node, exp.Literal) and not node.is_string and re.fullmatch(r"-?\d+", str(node.this)):
-        return int(str(node.this))
-    if isinstance(node, exp.Neg):
-        inner = _int(node.this)
-        return None if inner is None else -inner
-    return None
-
-
 def _tag_filter(part: exp.Expr, schema: TableSchema) -> TagFilter | None:
     """The tag min/max pruning a pushed conjunct allows, if it is `tag <op> 'text'` or `tag IN ('a', ...)`."""
     def tag_name(node: exp.Expr) -> str | None:
@@ -1066,16 +1071,25 @@ def _tag_filter(part: exp.Expr, schema: TableSchema) -> TagFilter | None:
 
 
 def _rewrite(statement: exp.Query, refs: Sequence[exp.Table], scans: Sequence[ScanRequest], now_ns: int,
-             nanos: _NsEdits | None = None) -> str:
-    """Each table reference becomes its view (keeping its alias), `now()` becomes the planning time, and time
-    columns passed through get their exact nanoseconds (`nanos`)."""
+             nanos: _NsEdits | None = None, front: _Analysis | None = None) -> str:
+    """Each table reference becomes its view (keeping its alias), every `*` becomes the columns it means
+    (`front`), `now()` becomes the planning time, and time columns passed through get their exact nanoseconds
+    (`nanos`)."""
     tree = statement.copy()
+    if front is not None:
+        _expand_stars(tree, front)
     if nanos is not None:
         _add_nanoseconds(tree, nanos)
     by_index = {int(t.meta["iox_ref"]): t for t in tree.find_all(exp.Table) if "iox_ref" in t.meta}
     for i, scan in enumerate(scans):
         original = by_index[i]
-        view = exp.Table(this=identifier(scan.view), alias=exp.TableAlias(this=identifier(scan.alias)))
+        view: exp.Expr = exp.Table(this=identifier(scan.view), alias=exp.TableAlias(this=identifier(scan.alias)))
+        if original.args.get("pivots"):
+            # A PIVOT groups by every input column it does not pivot: over the bare view that would include
+            # `__time_ns`, so it pivots a subquery holding the table's columns only.
+            inner = exp.select(*[column(c) for c in scan.columns]).from_(
+                exp.Table(this=identifier(scan.view), alias=exp.TableAlias(this=identifier(scan.alias))))
+            view = exp.Subquery(this=inner, alias=exp.TableAlias(this=identifier(scan.alias)))
         for key in ("joins", "laterals", "pivots", "hints", "sample", "version", "when"):
             if original.args.get(key):
                 view.set(key, original.args[key])
@@ -1113,3 +1127,174 @@ def _add_nanoseconds(tree: exp.Query, nanos: _NsEdits) -> None:
         order.set("expressions", expressions)
     for name, ns in nanos.outputs:
         tree.append("expressions", exp.alias_(ns.copy(), identifier(NS_PREFIX + name)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# `*` as the columns it means
+
+
+def _expand_stars(tree: exp.Query, front: _Analysis) -> None:
+    """Replace every `*` and `t.*` item, and every NATURAL join, of the query as written by the explicit columns
+    the qualified query resolved them to. The views Spark reads carry `__time_ns` next to the table's columns,
+    so a `*` left to Spark would add it (and a NATURAL join would join on it): a UNION with an explicit side, a
+    column list or a set operation would then see the wrong number of columns. `count(*)` stays as it is; a
+    star anywhere else (`struct(*)`, `hash(*)`) is refused."""
+    qualified: dict[int, exp.Select] = {}
+    for select_node in front.qualified.find_all(exp.Select):
+        if _NODE in select_node.meta:
+            qualified.setdefault(int(select_node.meta[_NODE]), select_node)
+    scope_of = {id(scope.expression): scope for scope in front.scopes}
+    written_subqueries = {int(n.meta[_NODE]): n for n in tree.find_all(exp.Subquery) if _NODE in n.meta}
+    for node in front.qualified.find_all(exp.Subquery):
+        # A derived table qualify named (`_0`) gets that name in the query Spark runs, so expanded columns
+        # qualified with it resolve.
+        if _NODE in node.meta and node.alias and int(node.meta[_NODE]) in written_subqueries:
+            written = written_subqueries[int(node.meta[_NODE])]
+            if not written.alias and isinstance(written.parent, (exp.From, exp.Join)):
+                written.set("alias", exp.TableAlias(this=identifier(node.alias)))
+    for select in list(tree.find_all(exp.Select)):
+        k = select.meta.get(_NODE)
+        items = list(select.expressions)
+        stars = [i for i, item in enumerate(items) if _is_star_item(item)]
+        natural = [j for j, join in enumerate(select.args.get("joins") or []) if join.args.get("method")]
+        if not stars and not natural:
+            continue
+        done = qualified.get(int(k)) if k is not None else None
+        scope = scope_of.get(id(done)) if done is not None else None
+        if done is None or scope is None:
+            raise UnsupportedError("a `*` or NATURAL JOIN in this query cannot be resolved to the table columns it "
+                                   "means; list the columns explicitly")
+        if stars:
+            select.set("expressions", _expanded_items(items, stars, list(done.expressions), scope, front))
+        for j in natural:
+            _natural_to_using(select.args["joins"][j], (done.args.get("joins") or [None] * (j + 1))[j])
+    for select in list(tree.find_all(exp.Select)):
+        k = select.meta.get(_NODE)
+        found = qualified.get(int(k)) if k is not None else None
+        scope = scope_of.get(id(found)) if found is not None else None
+        for arg in list(_own_nodes(select)):
+            starry = isinstance(arg, exp.Star) or (isinstance(arg, exp.Column) and isinstance(arg.this, exp.Star))
+            if starry and isinstance(arg.parent, exp.Func) and not isinstance(arg.parent, exp.Count) \
+                    and scope is not None:
+                _expand_argument_star(arg, arg.parent, select, scope, front)
+    for star in tree.find_all(exp.Star):
+        owner = star.parent
+        if isinstance(owner, exp.Count) and owner.this is star:
+            continue
+        where = f"{owner.sql_name()}(*)" if isinstance(owner, exp.Func) else "this position"
+        raise UnsupportedError(f"`*` in {where} is not supported: it would have to mean the table's columns "
+                               "inside an expression; list the columns (tags, fields, time) explicitly")
+
+
+def _expand_argument_star(star: exp.Expr, function: exp.Func, select: exp.Select, scope: Scope,
+                          front: _Analysis) -> None:
+    """`struct(*)`, `hash(t.*)`: the star as the columns of the sources it covers, in FROM order. Joins that merge
+    columns (USING, NATURAL) and lateral views change that list in ways Spark decides; there the star stays and is
+    refused."""
+    joins = select.args.get("joins") or []
+    if select.args.get("laterals") or any(j.args.get("using") or j.args.get("method") for j in joins):
+        return
+    from_ = select.args.get("from_") or select.args.get("from")
+    if not isinstance(from_, exp.From):
+        return
+    aliases = [from_.this.alias_or_name] + [j.this.alias_or_name for j in joins]
+    if isinstance(star, exp.Column):
+        aliases = [a for a in aliases if a == star.table]
+    columns: list[exp.Expr] = []
+    for alias in aliases:
+        source = scope.sources.get(alias)
+        if isinstance(source, exp.Table) and source.name in front.tables:
+            names = front.tables[source.name].star_columns
+        elif isinstance(source, Scope) and isinstance(source.expression, exp.Query):
+            names = list(source.expression.named_selects)
+        else:
+            return
+        columns.extend(exp.Column(this=identifier(n), table=identifier(alias)) for n in names)
+    if not columns:
+        return
+    args = function.expressions if star in function.expressions else None
+    if args is not None:
+        position = args.index(star)
+        function.set("expressions", args[:position] + columns + args[position + 1:])
+    elif function.this is star and not function.expressions and len(columns) == 1:
+        function.set("this", columns[0])
+    elif function.this is star and isinstance(function, exp.Struct):
+        function.set("this", None)
+        function.set("expressions", columns)
+
+
+def _is_star_item(item: exp.Expr) -> bool:
+    return isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star))
+
+
+def _expanded_items(items: list[exp.Expr], stars: list[int], done: list[exp.Expr], scope: Scope,
+                    front: _Analysis) -> list[exp.Expr]:
+    """The SELECT items with each star replaced by its share of the qualified items (`done`, in which qualify
+    expanded every star in place and left every other item one for one)."""
+    total = len(done) - (len(items) - len(stars))
+    counts: dict[int, int] = {}
+    for i in stars:
+        item = items[i]
+        if isinstance(item, exp.Column) and item.table:
+            counts[i] = _source_width(item, scope, front)
+    bare = [i for i in stars if i not in counts]
+    rest = total - sum(counts.values())
+    if rest < 0 or (bare and rest % len(bare)) or (not bare and rest):
+        raise UnsupportedError("the `*` items of this SELECT cannot be matched to the table columns they mean; "
+                               "list the columns explicitly")
+    for i in bare:
+        counts[i] = rest // len(bare)
+    pivoted = any(isinstance(node, exp.Pivot) for node in _own_nodes(scope.expression))
+    out: list[exp.Expr] = []
+    position = 0
+    for i, item in enumerate(items):
+        if i in counts:
+            for expanded in done[position:position + counts[i]]:
+                copied = _requote(expanded.copy())
+                if pivoted:
+                    # qualify names the pivot's output (`_0`); the SQL as written does not, and its columns
+                    # are unique, so they go unqualified.
+                    for col in copied.find_all(exp.Column):
+                        col.set("table", None)
+                out.append(copied)
+            position += counts[i]
+        else:
+            out.append(item)
+            position += 1
+    return out
+
+
+def _source_width(item: exp.Column, scope: Scope, front: _Analysis) -> int:
+    """How many columns `t.*` stands for."""
+    source = scope.sources.get(item.table)
+    star = item.this
+    dropped = len(star.args.get("except") or []) if isinstance(star, exp.Star) else 0
+    if isinstance(source, exp.Table) and source.name in front.tables:
+        return len(front.tables[source.name].star_columns) - dropped
+    if isinstance(source, Scope) and isinstance(source.expression, exp.Query):
+        return len(source.expression.named_selects) - dropped
+    raise UnsupportedError(f"`{item.table}.*` cannot be resolved to the columns it means; list them explicitly")
+
+
+def _natural_to_using(join: exp.Join, done: exp.Join | None) -> None:
+    """A NATURAL join joins on the columns both sides share, as qualify found them: say so with USING."""
+    names: list[str] = []
+    condition = done.args.get("on") if done is not None else None
+    if condition is not None:
+        for part in split_conjuncts(condition):
+            if not (isinstance(part, exp.EQ) and isinstance(part.this, exp.Column)
+                    and isinstance(part.expression, exp.Column) and part.this.name == part.expression.name):
+                raise UnsupportedError("this NATURAL JOIN cannot be resolved to the columns it joins on; write "
+                                       "JOIN ... USING (columns)")
+            names.append(part.this.name)
+    join.set("method", None)
+    if names:
+        join.set("using", [identifier(n) for n in names])
+
+
+def _requote(node: exp.Expr) -> exp.Expr:
+    """Quote the identifiers of an expanded item the way Spark needs (reserved words, odd characters)."""
+    for ident in list(node.find_all(exp.Identifier)):
+        if not ident.quoted and identifier(str(ident.this)).quoted:
+            ident.set("quoted", True)
+    return node
