@@ -104,12 +104,18 @@ def parse_spark_conf(text: str | None) -> dict[str, str]:
 LOG4J = Path(__file__).resolve().with_name("log4j2.properties")
 
 
+_FIXED_CONF: Mapping[str, str] = {"spark.sql.variable.substitute": "false"}
+
+
 def session_conf(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     conf = dict(DEFAULT_CONF)
     conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J}"
     conf["spark.executor.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J}"
     conf.update(parse_spark_conf(os.environ.get("IOX_SPARK_CONF")))
     conf.update(extra or {})
+    # Settings no configuration may change: with substitution on, a query's '${env:...}' reads the service's
+    # environment (the security model says a query reads the catalog's data and nothing else).
+    conf.update(_FIXED_CONF)
     return conf
 
 

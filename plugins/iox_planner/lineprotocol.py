@@ -94,7 +94,7 @@ class Limits:
     max_columns: int = 1_000
     max_name_bytes: int = 256
     max_bad_lines: int = 1_000
-    errors_shown: int = 10
+    errors_shown: int = 5
     excerpt_bytes: int = 64
 
     @classmethod

@@ -95,7 +95,7 @@ CASES: dict[str, tuple[str, Case, str]] = {
     "empty": ("csv", lambda c, t, w: "", "empty"),
     "blank": ("csv", lambda c, t, w: "  ", "empty"),
     "newline_in_name": ("csv", lambda c, t, w: str(t / "x.csv\n"), "control character"),
-    "nul_in_name": ("csv", lambda c, t, w: str(c / "keep.txt\0.csv"), "control character"),
+    "nul_in_name": ("csv", lambda c, t, w: str(c / "keep.txt\0.csv"), "NUL character"),
     "dot": ("parquet", lambda c, t, w: str(t) + "/.", "names no file"),
     "symlink_at_path": ("csv", _link_at_path, "symbolic link"),
     "dangling_symlink_at_path": ("csv", _dangling_link_at_path, "symbolic link"),

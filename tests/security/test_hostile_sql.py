@@ -217,10 +217,10 @@ OTHER_CASES = [
     ("SELECT 1 FROM h2o; ADD JAR /tmp/evil.jar", "one SQL statement"),
     ("SELECT 1 FROM h2o; SELECT reflect('a', 'b')", "one SQL statement"),
     # internal columns
-    ("SELECT __time_ns FROM h2o", "unknown column"),
-    ("SELECT __chunk_order FROM h2o", "unknown column"),
-    ("SELECT __seq FROM h2o", "unknown column"),
-    ("SELECT h2o.__iox_ns_time FROM h2o", "unknown column"),
+    ("SELECT __time_ns FROM h2o", "reserves"),
+    ("SELECT __chunk_order FROM h2o", "reserves"),
+    ("SELECT __seq FROM h2o", "reserves"),
+    ("SELECT h2o.__iox_ns_time FROM h2o", "reserves"),
     ("SELECT city FROM h2o WHERE IDENTIFIER('__time_ns') > 0", "identifier"),
     # a bare name Spark would read as a call of a refused function, where sqlglot does not check columns
     ("SELECT city FROM h2o GROUP BY city HAVING max(user) > ''", "user()"),
@@ -613,3 +613,11 @@ def test_a_spark_error_keeps_its_class_and_drops_the_plan(spark: Any, catalog: A
                          "SubqueryAlias", "== SQL"):
             assert internal not in message, (sql, message)
         assert len(message) < 800, message
+
+
+def test_no_configuration_turns_variable_substitution_back_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_jobs.executor import session_conf
+
+    monkeypatch.setenv("IOX_SPARK_CONF", "spark.sql.variable.substitute=true")
+    assert session_conf()["spark.sql.variable.substitute"] == "false"
+    assert session_conf({"spark.sql.variable.substitute": "true"})["spark.sql.variable.substitute"] == "false"
