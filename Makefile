@@ -52,7 +52,7 @@ airflow-setup: venv
 	source scripts/env.sh && $(BIN)/python dags/iox_airflow/setup_airflow.py
 
 stop-postgres: venv
-	$(BIN)/python -c "from iox_planner import localpg; localpg.stop()"
+	$(BIN)/python -c "from iox_planner.catalog import localpg; localpg.stop()"
 
 clean:
 	rm -rf $(VENV) .iox warehouse .pytest_cache

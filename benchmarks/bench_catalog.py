@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 
-from iox_planner import localpg
-from iox_planner.catalog import Catalog
+from iox_planner.catalog import localpg
+from iox_planner.catalog.store import Catalog
 
 DAY = 86_400_000_000_000
 T0 = 1_704_067_200_000_000_000

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 import time
 
-from iox_planner import lineprotocol
-from iox_planner.tsbs import generate_cpu
+from iox_planner.ingest import lineprotocol
+from iox_planner.ingest.tsbs import generate_cpu
 
 START = 1_704_067_200_000_000_000
 HOUR = 3_600_000_000_000

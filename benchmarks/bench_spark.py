@@ -27,10 +27,10 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-from iox_planner import tsbs
-from iox_planner.catalog import Catalog, CatalogSource
+from iox_planner.ingest import tsbs
+from iox_planner.catalog.store import Catalog, CatalogSource
 from iox_planner.config import warehouse
-from iox_planner.ingest import write_table
+from iox_planner.ingest.write import write_table
 from iox_planner.model import TIME, ColumnType
 from iox_planner.planner import plan_query
 

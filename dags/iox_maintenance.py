@@ -30,8 +30,8 @@ with DAG(
 
     @task
     def find_piles() -> list[dict[str, Any]]:
-        from iox_planner.catalog import Catalog
-        from iox_planner.materialize import piled_up_partitions, tables_to_persist
+        from iox_planner.catalog.store import Catalog
+        from iox_planner.ingest.register import piled_up_partitions, tables_to_persist
 
         settings = AirflowSettings.from_env()
         threshold = settings.persist_chunk_threshold
@@ -49,8 +49,8 @@ with DAG(
     def persist_table(target: dict[str, Any]) -> list[dict[str, Any]]:
         from airflow.sdk import get_current_context
 
-        from iox_planner import ingest
-        from iox_planner.catalog import Catalog
+        from iox_planner.ingest import write as ingest
+        from iox_planner.catalog.store import Catalog
 
         context: Any = get_current_context()
         context["persist_target"] = f"{target['db']}.{target['table']}"  # the mapped task's label

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iox_planner.dedup import deduplicate_table
+from iox_planner.ingest.dedup import deduplicate_table
 from iox_planner.model import CHUNK_ORDER, TIME, WRITE_SEQ, ColumnType
 
 _ORDER_SHIFT = 32

@@ -590,7 +590,7 @@ def result_to_arrow(result: DataFrame) -> Any:
 
 def materialize(result: DataFrame, fmt: str, output: Path | None, stdout: Any) -> int:
     """Write the result in `fmt` to `output` (atomically) or to `stdout`. Returns rows written."""
-    from iox_planner.output import OutputFormat, finish_columns, render_table, write_text_output
+    from iox_planner.output.formats import OutputFormat, finish_columns, render_table, write_text_output
 
     kind = OutputFormat(fmt)
     if kind is OutputFormat.PARQUET:
@@ -598,7 +598,7 @@ def materialize(result: DataFrame, fmt: str, output: Path | None, stdout: Any) -
             from iox_planner.errors import BadInputError
 
             raise BadInputError("parquet output is a folder: give --output PATH")
-        from iox_planner.output import staged_folder
+        from iox_planner.output.formats import staged_folder
 
         # Only the planner's nanosecond helpers go: a user's own `__v` is a result column like any other.
         cols = [c for c in result.columns if not c.startswith(NS_PREFIX)]

@@ -61,7 +61,7 @@ def run(plan: Any, spark: Any, args: argparse.Namespace) -> int:
         return materialize(execution.result, args.format, output, sys.stdout)
     import pyarrow as pa
 
-    from iox_planner.output import staged_file
+    from iox_planner.output.formats import staged_file
 
     table = result_to_arrow(execution.result)
     with staged_file(output) as tmp:

@@ -11,8 +11,8 @@ from typing import Iterator
 import pytest
 import sqlalchemy as sa
 
-from iox_planner import localpg
-from iox_planner.catalog import Catalog
+from iox_planner.catalog import localpg
+from iox_planner.catalog.store import Catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def db(catalog: Catalog) -> str:
 @pytest.fixture(scope="session")
 def spark(catalog_url: str) -> Iterator[object]:
     """One local SparkSession for the whole run (JVM start-up costs about 10 s), the CLI's own."""
-    from iox_planner import runner
+    from iox_planner.cli import runner
 
     yield runner.session()
 

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import sqlalchemy as sa
 
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 
 
 def live_chunks(catalog: Catalog, db: str) -> list[dict[str, Any]]:

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from iox_planner.catalog import Catalog, CatalogSource
-from iox_planner.output import OutputFormat
+from iox_planner.catalog.store import Catalog, CatalogSource
+from iox_planner.output.formats import OutputFormat
 from iox_planner.planner import plan_query
 from iox_planner.planner.nodes import QueryPlan
-from iox_planner.scenario import load_scenario, parse_scenario
+from iox_planner.ingest.scenario import load_scenario, parse_scenario
 
 
 def load(catalog: Catalog, db: str, chunks: list[dict[str, Any]]) -> None:
@@ -26,7 +26,7 @@ def plan(catalog: Catalog, db: str, sql: str, **kw: Any) -> QueryPlan:
 def run_jsonl(spark: Any, catalog: Catalog, db: str, sql: str, *, optimize: bool = True,
               strategy: str | None = None, **kw: Any) -> list[dict[str, Any]]:
     """The rows a user gets from `iox-batch query --format jsonl`, parsed."""
-    from iox_planner import runner
+    from iox_planner.cli import runner
 
     out = io.StringIO()
     query_plan = plan_query(sql, CatalogSource(catalog, db), optimize=optimize, **kw)
@@ -52,7 +52,7 @@ def cli(*args: str) -> CliResult:
     import contextlib
 
 
-    from iox_planner import cli as iox_cli
+    from iox_planner.cli import main as iox_cli
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from iox_planner import catalog as cat
-from iox_planner.catalog import Catalog, migration_files
+from iox_planner.catalog import store as cat
+from iox_planner.catalog.store import Catalog, migration_files
 from iox_planner.errors import BadInputError, CatalogError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import pytest
 
 from helpers import assert_one_paragraph_error, run_cli
 from helpers import catalog_counts, warehouse_files
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 
 T0 = 1_704_067_200_000_000_000
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError, CatalogError
-from iox_planner.ingest import collect_garbage, persist, write_line_protocol
-from iox_planner.scenario import load_scenario, parse_scenario
+from iox_planner.ingest.write import collect_garbage, persist, write_line_protocol
+from iox_planner.ingest.scenario import load_scenario, parse_scenario
 
 from helpers import catalog_counts, live_chunks, read_rows, warehouse_files
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from iox_planner.errors import BadInputError
-from iox_planner.lineprotocol import LineError, ParseResult, Point, Precision, _point, parse
+from iox_planner.ingest.lineprotocol import LineError, ParseResult, Point, Precision, _point, parse
 from iox_planner.model import ColumnType
 
 F = ColumnType.FLOAT

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from iox_planner.errors import BadInputError
-from iox_planner.lineprotocol import Limits, ParseResult, Precision, describe_errors, parse, parse_bytes
+from iox_planner.ingest.lineprotocol import Limits, ParseResult, Precision, describe_errors, parse, parse_bytes
 from iox_planner.model import ColumnType
 
 F = ColumnType.FLOAT

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from iox_planner.errors import BadInputError
-from iox_planner.lineprotocol import parse
+from iox_planner.ingest.lineprotocol import parse
 from iox_planner.model import ColumnType
-from iox_planner.tsbs import FIELDS, TAGS, CpuBatch, generate_cpu
+from iox_planner.ingest.tsbs import FIELDS, TAGS, CpuBatch, generate_cpu
 
 HOUR = 3600 * 10**9
 START = 1704067200 * 10**9  # 2024-01-01T00:00:00Z

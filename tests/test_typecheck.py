@@ -19,9 +19,9 @@ def test_core_imports_neither_spark_nor_airflow() -> None:
     """Everything but the query-running CLI commands and the runner stays free of Spark and Airflow."""
     code = (
         "import sys\n"
-        "import iox_planner.catalog, iox_planner.ingest, iox_planner.scenario, iox_planner.planner, "
-        "iox_planner.cli, iox_planner.commands, iox_planner.output, iox_planner.dedup, iox_planner.show, "
-        "iox_planner.materialize\n"
+        "import iox_planner.catalog.store, iox_planner.ingest.write, iox_planner.ingest.scenario, iox_planner.planner, "
+        "iox_planner.cli.main, iox_planner.cli.commands, iox_planner.output.formats, iox_planner.ingest.dedup, iox_planner.cli.show, "
+        "iox_planner.ingest.register\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'airflow', 'py4j'))\n"
         "print(','.join(bad))\n"
     )

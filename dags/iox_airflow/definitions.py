@@ -37,12 +37,12 @@ from typing import Any, Mapping
 
 import yaml
 
-from iox_planner.catalog import check_db_name
+from iox_planner.catalog.store import check_db_name
 from iox_planner.errors import BadInputError
 from iox_planner.timeutil import parse_time
 
-from .query_request import QueryRequest, RegisterAs, ResultFormat
-from .settings import AirflowSettings
+from iox_airflow.query_request import QueryRequest, RegisterAs, ResultFormat
+from iox_airflow.settings import AirflowSettings
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 TEMPLATE_FIELDS = frozenset({"start", "end", "name"})

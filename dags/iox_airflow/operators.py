@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from .spark import SPARK_CONN_ID, ensure_spark_connection, spark_env
+from iox_airflow.spark import SPARK_CONN_ID, ensure_spark_connection, spark_env
 
 _ERROR_LINE = re.compile(r"^error: (.+)$", re.MULTILINE)
 

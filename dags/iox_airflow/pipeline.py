@@ -23,17 +23,17 @@ from typing import Any, Callable, Mapping, Sequence
 from airflow.sdk import Asset, TriggerRule, XComArg, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from .operators import IoxSparkSubmitOperator
-from .query_request import QueryRequest
-from .runs import PARTS_JOB
-from .settings import AirflowSettings
+from iox_airflow.operators import IoxSparkSubmitOperator
+from iox_airflow.query_request import QueryRequest
+from iox_airflow.runs import PARTS_JOB
+from iox_airflow.settings import AirflowSettings
 
 RequestFactory = Callable[[Mapping[str, Any], AirflowSettings], QueryRequest]
 FAILED_STATES = frozenset({"failed", "upstream_failed"})
 
 
 def _identity(context: Mapping[str, Any]) -> Any:
-    from .runs import RunIdentity
+    from iox_airflow.runs import RunIdentity
 
     ti = context["ti"]
     return RunIdentity(ti.dag_id, ti.run_id)
@@ -55,7 +55,7 @@ def query_tasks(
     def plan(**context: Any) -> list[dict[str, Any]]:
         from iox_planner.errors import IoxError
 
-        from . import runs
+        from iox_airflow import runs
 
         now = AirflowSettings.from_env()
         run = _identity(context)
@@ -90,7 +90,7 @@ def query_tasks(
     def commit(**context: Any) -> dict[str, Any]:
         from iox_planner.errors import IoxError
 
-        from . import runs
+        from iox_airflow import runs
 
         ti = context["ti"]
         run = _identity(context)

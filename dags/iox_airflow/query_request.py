@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from iox_planner.catalog import check_db_name
+from iox_planner.catalog.store import check_db_name
 from iox_planner.errors import BadInputError
-from iox_planner.materialize import RunKey
+from iox_planner.ingest.register import RunKey
 from iox_planner.timeutil import INT64_MAX, INT64_MIN, check_range, format_time, parse_time
 
-from .settings import AirflowSettings
+from iox_airflow.settings import AirflowSettings
 
 PARAM_NAMES = ("db", "sql", "args", "time_start", "time_end", "output", "format")
 

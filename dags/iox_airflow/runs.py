@@ -22,10 +22,11 @@ from typing import Any, Mapping, NoReturn
 from iox_planner.errors import BadInputError, IoxError
 from iox_planner.timeutil import format_time
 
-from .query_request import QueryRequest, ResultFormat
-from .settings import AirflowSettings
+from iox_airflow.query_request import QueryRequest, ResultFormat
+from iox_airflow.settings import AirflowSettings
 
-JOBS_DIR = Path(__file__).resolve().parent / "jobs"
+# Every Spark job lives in spark_jobs/ (beside run_plan.py): the DAGs submit files, they hold no Spark code.
+JOBS_DIR = Path(__file__).resolve().parents[2] / "spark_jobs"
 PARTS_JOB = JOBS_DIR / "run_parts.py"
 
 
@@ -111,7 +112,7 @@ class CommitOutcome:
 
 
 def _catalog() -> Any:
-    from iox_planner.catalog import Catalog
+    from iox_planner.catalog.store import Catalog
 
     catalog = Catalog()
     catalog.require_schema()
@@ -128,9 +129,9 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> 
     """Record the run, plan against the catalog, take the run lock and write the plan and the Spark jobs' inputs
     into the run's staging folder. Bad input fails here with a clear message: the run is marked failed and
     nothing is written anywhere else."""
-    from iox_planner import materialize as mat
-    from iox_planner.catalog import CatalogSource
-    from iox_planner.output import check_destination
+    from iox_planner.ingest import register as mat
+    from iox_planner.catalog.store import CatalogSource
+    from iox_planner.output.formats import check_destination
     from iox_planner.planner import PlannerSettings, plan_query
 
     catalog = _catalog()
@@ -169,9 +170,8 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> 
 
 def _spark_jobs(query_plan: Any, request: QueryRequest, staging: Staging,
                 settings: AirflowSettings) -> tuple[list[dict[str, Any]], list[str] | None]:
-    from iox_planner.config import project_root, warehouse
-
-    from .fanout import split_plan
+    from iox_planner.config import warehouse
+    from iox_planner.planner.fanout import split_plan
 
     fmt = spark_format(request)
     wh = str(warehouse())
@@ -179,7 +179,7 @@ def _spark_jobs(query_plan: Any, request: QueryRequest, staging: Staging,
     parts = split_plan(query_plan, request.max_spark_jobs or settings.max_spark_jobs)
     if not parts:
         return [{
-            "application": str(project_root() / "spark_jobs" / "run_plan.py"),
+            "application": str(JOBS_DIR / "run_plan.py"),
             "application_args": ["--plan", str(staging.plan_file), "--warehouse", wh, "--format", fmt,
                                  "--output", result, "--metrics", str(staging.metrics)],
             "fast_start": _rows(query_plan) <= settings.spark_fast_start_rows,
@@ -226,7 +226,7 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
     """Publish the staged result at the output (atomically, by output.py's rules) and, for `register_as`, write
     it as a catalog table too; record the run as succeeded and release its lock, all in one catalog transaction
     that first checks the lock is still ours. Any failure: the run is marked failed, nothing is published."""
-    from iox_planner import materialize as mat
+    from iox_planner.ingest import register as mat
 
     catalog = _catalog()
     staging = Staging(Path(handle["staging"]))
@@ -244,8 +244,8 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
         # Again at publication: a folder under the root swapped for a symlink since planning must not lead out.
         request.check_output(AirflowSettings.from_env())
         registered = None
-        from iox_planner.output import publishing_as
-        from iox_planner.publications import CatalogLedger
+        from iox_planner.output.formats import publishing_as
+        from iox_planner.catalog.publications import CatalogLedger
 
         with publishing_as(run.holder, CatalogLedger(catalog)), catalog.engine.begin() as conn:
             mat.check_lock(conn, key, run.holder)
@@ -282,7 +282,7 @@ def fail(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any] | No
 
 def reject(params: Mapping[str, Any], run: RunIdentity, message: str) -> None:
     """Params that do not even make a request: record the run as failed with the params as given."""
-    from iox_planner import materialize as mat
+    from iox_planner.ingest import register as mat
 
     catalog = _catalog()
     try:
@@ -305,7 +305,7 @@ def _fail_run(err: BaseException, doing: str, catalog: Any, run_pk: int, key: An
 
 
 def _record_failure(catalog: Any, run_pk: int, key: Any, run: RunIdentity, staging: Staging, message: str) -> None:
-    from iox_planner import materialize as mat
+    from iox_planner.ingest import register as mat
 
     try:
         mat.finish_run(catalog, run_pk, mat.RunStatus.FAILED, error=message)
@@ -316,7 +316,7 @@ def _record_failure(catalog: Any, run_pk: int, key: Any, run: RunIdentity, stagi
 
 def _publish(staged: Path, output: Path, fmt: ResultFormat) -> None:
     """Move the staged result over the output: a rename on the same filesystem, by output.py's marker rules."""
-    from iox_planner.output import staged_file, staged_folder
+    from iox_planner.output.formats import staged_file, staged_folder
 
     if not staged.exists():
         raise BadInputError(f"the staged result {staged} is missing; the Spark job did not write it")
@@ -330,9 +330,9 @@ def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, staged: 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from iox_planner import materialize as mat
+    from iox_planner.ingest import register as mat
     from iox_planner.config import warehouse
-    from iox_planner.output import (
+    from iox_planner.output.formats import (
         OutputFormat, arrow_for_parquet, finish_columns, staged_folder, write_text_output,
     )
 

@@ -20,7 +20,7 @@ def spark_connection(master: str) -> str:
 def ensure_spark_connection(conn_id: str = SPARK_CONN_ID) -> None:
     """Derive the connection from IOX_SPARK_MASTER (unset: `local[*]`) unless the environment defines it
     explicitly (`AIRFLOW_CONN_SPARK_DEFAULT`, as docker-compose.yml does)."""
-    from iox_planner.runner import spark_master
+    from iox_planner.cli.runner import spark_master
 
     os.environ.setdefault(f"AIRFLOW_CONN_{conn_id.upper()}", spark_connection(spark_master()))
 
@@ -29,7 +29,7 @@ def spark_env() -> dict[str, str]:
     """What spark-submit and the job's Python need: the virtualenv's bin first on PATH (spark-submit lives there),
     its Python for the workers, the checkout on PYTHONPATH (spark_jobs, iox_planner)."""
     from iox_planner.config import project_root
-    from iox_planner.runner import spark_master
+    from iox_planner.cli.runner import spark_master
 
     bin_dir = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")

@@ -36,6 +36,6 @@ def catalog_url() -> str:
     env = os.environ.get("IOX_CATALOG_URL")
     if env:
         return env
-    from . import localpg
+    from iox_planner.catalog import localpg
 
     return localpg.ensure_running().url("iox")

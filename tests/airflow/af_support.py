@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 import yaml
 
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"

@@ -14,8 +14,8 @@ from typing import Iterator
 import pytest
 from af_support import DAGS, DATA, ROOT, DagRunner, base_env, setup_airflow, write_definitions
 
-from iox_planner.catalog import Catalog
-from iox_planner.scenario import load_scenario, read_scenario
+from iox_planner.catalog.store import Catalog
+from iox_planner.ingest.scenario import load_scenario, read_scenario
 
 # The DAGs' support package (dags/iox_airflow), importable as Airflow makes it: the DAGs folder on sys.path.
 if str(DAGS) not in sys.path:

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from af_support import BIN, airflow_cli, base_env, leftovers, locks, query_runs, setup_airflow, write_definitions
 from helpers import live_chunks
 
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
 

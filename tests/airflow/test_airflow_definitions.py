@@ -13,15 +13,15 @@ import pytest
 import yaml
 from af_support import DAGS, DATA
 from iox_airflow.definitions import load_definitions, parse_definition
-from iox_airflow.fanout import split_plan
+from iox_planner.planner.fanout import split_plan
 from iox_airflow.query_request import QueryRequest, ResultFormat
 from iox_airflow.settings import AirflowSettings
 
 from iox_planner.errors import BadInputError
-from iox_planner.materialize import RunKey
+from iox_planner.ingest.register import RunKey
 from iox_planner.planner import plan_query
 from iox_planner.planner.nodes import DeduplicateExec, EmptyExec
-from iox_planner.scenario import read_scenario, scenario_source
+from iox_planner.ingest.scenario import read_scenario, scenario_source
 from iox_planner.timeutil import INT64_MAX, INT64_MIN
 
 SETTINGS = AirflowSettings(output_root=Path("/data/out"), materialized_dir=Path("/nowhere"))

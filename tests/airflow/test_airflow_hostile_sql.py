@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from af_support import DagRunner, leftovers, locks, query_runs
 
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 
 pytestmark = [pytest.mark.airflow]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from af_support import DagRunner, airflow_cli, leftovers, locks, query_runs
 
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]
 

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from af_support import DagRunner, leftovers, locks, query_runs
 from helpers import live_chunks
 
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]
 

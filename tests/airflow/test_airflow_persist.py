@@ -7,8 +7,8 @@ import pytest
 from af_support import DagRunner
 from helpers import live_chunks
 
-from iox_planner import ingest
-from iox_planner.catalog import Catalog
+from iox_planner.ingest import write as ingest
+from iox_planner.catalog.store import Catalog
 
 pytestmark = pytest.mark.airflow
 

@@ -18,7 +18,7 @@ from iox_airflow.definitions import parse_definition
 from iox_airflow.query_request import QueryRequest
 from iox_airflow.runs import RunFailed, RunIdentity, plan
 from iox_airflow.settings import AirflowSettings
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError
 
 QUERY = "SELECT state, city, time FROM h2o"

@@ -1,4 +1,4 @@
-"""iox_planner.materialize against a real Postgres catalog and a real warehouse (no Airflow, no Spark): query-run
+"""iox_planner.ingest.register against a real Postgres catalog and a real warehouse (no Airflow, no Spark): query-run
 records, run locks, registering a result as a catalog table, persist candidates."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import catalog_counts, live_chunks, warehouse_files
 
-from iox_planner import ingest
-from iox_planner import materialize as mat
-from iox_planner.catalog import Catalog, CatalogSource
+from iox_planner.ingest import write as ingest
+from iox_planner.ingest import register as mat
+from iox_planner.catalog.store import Catalog, CatalogSource
 from iox_planner.errors import BadInputError, CatalogError
 from iox_planner.planner import plan_query
 from iox_planner.planner.nodes import DeduplicateExec
-from iox_planner.scenario import load_scenario, parse_scenario
+from iox_planner.ingest.scenario import load_scenario, parse_scenario
 
 H = 3600 * 10**9
 DAY = 86400 * 10**9

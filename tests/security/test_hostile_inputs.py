@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from helpers import assert_one_paragraph_error, live_chunks, run_cli
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 from spark_helpers import cli, load
 
 T0 = 1_704_067_200_000_000_000
@@ -170,8 +170,8 @@ def test_writes_into_one_database_commit_in_the_order_of_their_orders(catalog: C
     write holds its database's order lock until it commits; a write into another database does not wait."""
     import threading
 
-    from iox_planner import ingest
-    from iox_planner.lineprotocol import parse
+    from iox_planner.ingest import write as ingest
+    from iox_planner.ingest.lineprotocol import parse
 
     other = db + "_b"
     load(catalog, db, [{"id": "A", "kind": "ingester", "lines": f"m v=0 {T0}"}])

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from helpers import assert_one_paragraph_error, run_cli, tree_digest
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 from spark_helpers import cli, load
 
 ROOT = Path(__file__).resolve().parents[2]

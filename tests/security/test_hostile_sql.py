@@ -24,7 +24,7 @@ import pytest
 from helpers import assert_one_paragraph_error, run_cli
 from iox_planner.errors import IoxError
 from iox_planner.planner import plan_query
-from iox_planner.scenario import read_scenario, scenario_source
+from iox_planner.ingest.scenario import read_scenario, scenario_source
 
 ROOT = Path(__file__).resolve().parents[2]
 H2O = ROOT / "examples" / "h2o.yaml"
@@ -267,7 +267,7 @@ def test_deep_nesting_fails_fast_and_clearly(h2o_source: Any, sql: str, needle: 
 
 
 def test_a_column_named_like_a_refused_function_is_still_a_column() -> None:
-    from iox_planner.scenario import parse_scenario
+    from iox_planner.ingest.scenario import parse_scenario
 
     source = scenario_source(parse_scenario({"chunks": [
         {"id": "F", "kind": "parquet", "table": "logins", "partition": "1970-01-01", "time": [1, 2], "rows": 1,
@@ -599,9 +599,9 @@ SPARK_ERRORS = [
 
 @pytest.mark.spark
 def test_a_spark_error_keeps_its_class_and_drops_the_plan(spark: Any, catalog: Any, h2o_db: str) -> None:
-    from iox_planner import runner
-    from iox_planner.catalog import CatalogSource
-    from iox_planner.output import OutputFormat
+    from iox_planner.cli import runner
+    from iox_planner.catalog.store import CatalogSource
+    from iox_planner.output.formats import OutputFormat
 
     for sql, error_class in SPARK_ERRORS:
         plan = plan_query(sql, CatalogSource(catalog, h2o_db))

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 from helpers import run_cli
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 from spark_helpers import cli, load
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

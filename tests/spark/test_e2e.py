@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from helpers import run_cli
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 from spark_helpers import load, run_jsonl
 
 pytestmark = pytest.mark.spark

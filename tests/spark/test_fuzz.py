@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import pytest
 
 import fuzz_sql as fz
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 from iox_planner.errors import IoxError
 from spark_helpers import load, run_jsonl
 

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 import pytest
 
 from helpers import run_cli
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 from spark_helpers import cli, load
 
 pytestmark = pytest.mark.spark

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import assert_one_paragraph_error
-from iox_planner.catalog import Catalog
+from iox_planner.catalog.store import Catalog
 from spark_helpers import cli, load, run_jsonl
 
 pytestmark = pytest.mark.spark

@@ -6,13 +6,13 @@ YAML or the plan JSON the Spark job executes (`QueryPlan.from_json` reads it bac
 
 from __future__ import annotations
 
-from .api import plan_query, render
-from .nodes import (
+from iox_planner.planner.api import plan_query, render
+from iox_planner.planner.nodes import (
     DeduplicateExec, EmptyExec, FilterExec, ParquetExec, PlanNode, ProjectionExec, QueryExec, QueryPlan,
     RecordBatchesExec, ScanInfo, ScanPruning, SortExec, SortItem, SortPreservingMergeExec, UnionExec,
 )
-from .optimizer import PASSES
-from .settings import PlannerSettings
+from iox_planner.planner.optimizer import PASSES
+from iox_planner.planner.settings import PlannerSettings
 
 __all__ = [
     "PASSES", "DeduplicateExec", "EmptyExec", "FilterExec", "ParquetExec", "PlanNode", "PlannerSettings",

@@ -8,19 +8,19 @@ from typing import Iterator, Literal, Mapping
 
 from sqlglot import exp
 
-from .. import timeutil
-from ..errors import CatalogError
-from ..model import Chunk, ChunkSource
-from .chunks import column_types
-from .context import PassContext
-from .explain import render_tree, render_yaml
-from .initial import initial_plan
-from .nodes import PlanNode, QueryPlan, ScanInfo, ScanPruning
-from .optimizer import optimize as run_passes
-from .predicate import Conjunct, column
-from .pruning import prune
-from .settings import PlannerSettings
-from .sql import analyze
+from iox_planner import timeutil
+from iox_planner.errors import CatalogError
+from iox_planner.model import Chunk, ChunkSource
+from iox_planner.planner.chunks import column_types
+from iox_planner.planner.context import PassContext
+from iox_planner.planner.explain import render_tree, render_yaml
+from iox_planner.planner.initial import initial_plan
+from iox_planner.planner.nodes import PlanNode, QueryPlan, ScanInfo, ScanPruning
+from iox_planner.planner.optimizer import optimize as run_passes
+from iox_planner.planner.predicate import Conjunct, column
+from iox_planner.planner.pruning import prune
+from iox_planner.planner.settings import PlannerSettings
+from iox_planner.planner.sql import analyze
 
 
 def plan_query(

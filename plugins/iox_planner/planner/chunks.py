@@ -5,8 +5,8 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Iterable, Mapping, Sequence
 
-from ..model import CHUNK_ORDER, TIME, Chunk, ChunkKind, ColumnType, TableSchema
-from .nodes import ParquetExec, PlanNode, RecordBatchesExec, SortItem
+from iox_planner.model import CHUNK_ORDER, TIME, Chunk, ChunkKind, ColumnType, TableSchema
+from iox_planner.planner.nodes import ParquetExec, PlanNode, RecordBatchesExec, SortItem
 
 _NO_TIME = -(2**63) - 1  # sorts before every known time
 

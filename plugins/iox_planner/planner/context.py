@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Mapping, Sequence
 
-from ..model import Chunk, ChunkKind, TableSchema
-from .chunks import SortKeys, field_columns, key_columns, scan_leaves
-from .nodes import DeduplicateExec, ParquetExec, PlanNode, RecordBatchesExec, UnionExec
-from .settings import PlannerSettings
+from iox_planner.model import Chunk, ChunkKind, TableSchema
+from iox_planner.planner.chunks import SortKeys, field_columns, key_columns, scan_leaves
+from iox_planner.planner.nodes import DeduplicateExec, ParquetExec, PlanNode, RecordBatchesExec, UnionExec
+from iox_planner.planner.settings import PlannerSettings
 
 
 @dataclass

@@ -14,12 +14,12 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from ..timeutil import format_time
-from .nodes import (
+from iox_planner.timeutil import format_time
+from iox_planner.planner.nodes import (
     DeduplicateExec, EmptyExec, FilterExec, ParquetExec, PlanNode, ProjectionExec, QueryPlan, RecordBatchesExec,
     ScanPruning, SortExec, SortItem, SortPreservingMergeExec, UnionExec,
 )
-from .predicate import predicate_sql
+from iox_planner.planner.predicate import predicate_sql
 
 
 def _sort_item(item: SortItem, schema: Sequence[str]) -> str:

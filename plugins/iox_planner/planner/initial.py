@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..model import Chunk, TableSchema
-from .chunks import SortKeys, canonical_columns, scan_leaves
-from .nodes import DeduplicateExec, EmptyExec, FilterExec, PlanNode, ProjectionExec, UnionExec
-from .predicate import Conjunct
-from .settings import PlannerSettings
+from iox_planner.model import Chunk, TableSchema
+from iox_planner.planner.chunks import SortKeys, canonical_columns, scan_leaves
+from iox_planner.planner.nodes import DeduplicateExec, EmptyExec, FilterExec, PlanNode, ProjectionExec, UnionExec
+from iox_planner.planner.predicate import Conjunct
+from iox_planner.planner.settings import PlannerSettings
 
 
 def initial_plan(chunks: Sequence[Chunk], schema: TableSchema, sort_keys: Mapping[str, tuple[str, ...]],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import BadInputError, BadQueryError
+from iox_planner.errors import BadInputError, BadQueryError
 
 DEFAULT_MAX_SQL_BYTES = 1_048_576
 DEFAULT_MAX_SQL_DEPTH = 64

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Iterable, Iterator, Mapping, Sequence, Union
 
-from ..errors import InternalError
-from ..model import CHUNK_ORDER, Chunk, ChunkKind, ColumnType
-from .predicate import Conjunct, columns_of
+from iox_planner.errors import InternalError
+from iox_planner.model import CHUNK_ORDER, Chunk, ChunkKind, ColumnType
+from iox_planner.planner.predicate import Conjunct, columns_of
 
 if TYPE_CHECKING:
-    from .settings import PlannerSettings
+    from iox_planner.planner.settings import PlannerSettings
 
 ParamValue = Union[str, int, float, bool, None]
 
@@ -509,7 +509,7 @@ class QueryPlan:
         return out
 
     def to_dict(self) -> dict[str, object]:
-        from .serde import plan_to_dict
+        from iox_planner.planner.serde import plan_to_dict
 
         return plan_to_dict(self)
 
@@ -522,12 +522,12 @@ class QueryPlan:
     def from_json(data: str | Mapping[str, object]) -> QueryPlan:
         import json
 
-        from .serde import plan_from_dict
+        from iox_planner.planner.serde import plan_from_dict
 
         return plan_from_dict(json.loads(data) if isinstance(data, str) else data)
 
     def __str__(self) -> str:
-        from .explain import render_tree
+        from iox_planner.planner.explain import render_tree
 
         return render_tree(self)
 

@@ -9,21 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import InternalError
-from .context import PassContext
-from .explain import render_node
-from .nodes import PlanNode
-from .passes.add_sorts import add_sorts
-from .passes.clean_unions import clean_unions
-from .passes.fuse_scans_without_dedup import fuse_scans_without_dedup
-from .passes.group_files_by_sort import group_files_by_sort
-from .passes.group_scans_by_type import group_scans_by_type
-from .passes.push_down_predicates import push_down_predicates
-from .passes.push_down_projections import push_down_projections
-from .passes.remove_dedup_without_duplicates import remove_dedup_without_duplicates
-from .passes.sanity_check import sanity_check
-from .passes.split_dedup_by_partition import split_dedup_by_partition
-from .passes.split_dedup_by_time import split_dedup_by_time
+from iox_planner.errors import InternalError
+from iox_planner.planner.context import PassContext
+from iox_planner.planner.explain import render_node
+from iox_planner.planner.nodes import PlanNode
+from iox_planner.planner.passes.add_sorts import add_sorts
+from iox_planner.planner.passes.clean_unions import clean_unions
+from iox_planner.planner.passes.fuse_scans_without_dedup import fuse_scans_without_dedup
+from iox_planner.planner.passes.group_files_by_sort import group_files_by_sort
+from iox_planner.planner.passes.group_scans_by_type import group_scans_by_type
+from iox_planner.planner.passes.push_down_predicates import push_down_predicates
+from iox_planner.planner.passes.push_down_projections import push_down_projections
+from iox_planner.planner.passes.remove_dedup_without_duplicates import remove_dedup_without_duplicates
+from iox_planner.planner.passes.sanity_check import sanity_check
+from iox_planner.planner.passes.split_dedup_by_partition import split_dedup_by_partition
+from iox_planner.planner.passes.split_dedup_by_time import split_dedup_by_time
 
 
 @dataclass(frozen=True)

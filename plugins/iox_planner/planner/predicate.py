@@ -14,7 +14,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 
-from ..errors import InternalError
+from iox_planner.errors import InternalError
 
 SPARK: Dialect = Dialect.get_or_raise("spark, normalization_strategy = case_sensitive")
 """Spark SQL with case-sensitive names (`Host` and `host` are different columns), as the product runs Spark."""

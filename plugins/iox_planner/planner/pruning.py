@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..errors import BadInputError
-from ..model import Chunk
-from ..timeutil import partition_bounds
-from .nodes import ScanPruning
-from .sql import ScanRequest, TagFilter
+from iox_planner.errors import BadInputError
+from iox_planner.model import Chunk
+from iox_planner.timeutil import partition_bounds
+from iox_planner.planner.nodes import ScanPruning
+from iox_planner.planner.sql import ScanRequest, TagFilter
 
 
 def prune(scan: ScanRequest, chunks: Sequence[Chunk], time_min: int | None,

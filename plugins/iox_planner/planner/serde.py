@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..errors import BadInputError
-from ..model import Chunk, ChunkKind, ColumnType
-from ..timeutil import format_time, parse_time
-from .nodes import (
+from iox_planner.errors import BadInputError
+from iox_planner.model import Chunk, ChunkKind, ColumnType
+from iox_planner.timeutil import format_time, parse_time
+from iox_planner.planner.nodes import (
     DeduplicateExec, EmptyExec, FilterExec, ParamValue, ParquetExec, PlanNode, ProjectionExec, QueryPlan,
     RecordBatchesExec, ScanInfo, ScanPruning, SortExec, SortItem, SortPreservingMergeExec, UnionExec,
 )
-from .predicate import parse_predicate, predicate_sql
-from .settings import PlannerSettings
+from iox_planner.planner.predicate import parse_predicate, predicate_sql
+from iox_planner.planner.settings import PlannerSettings
 
 _PRUNING_FIELDS = ("partitions_considered", "partitions_pruned", "chunks_considered", "chunks_pruned",
                    "pruned_by_partition", "pruned_by_time", "pruned_by_tag", "time_min", "time_max")

@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
-from ..errors import BadInputError
+from iox_planner.errors import BadInputError
 
 
 @dataclass(frozen=True)

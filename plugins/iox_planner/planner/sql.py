@@ -36,13 +36,13 @@ from sqlglot.optimizer.scope import Scope, build_scope, traverse_scope
 from sqlglot.schema import MappingSchema
 from sqlglot.tokenizer_core import Token, TokenType
 
-from ..errors import BadInputError, BadQueryError, UnsupportedError
-from ..model import CHUNK_ORDER, TIME, WRITE_SEQ, ColumnType, TableSchema
-from .functions import ALLOWED, HINTS, REFUSED, SYNTAX
-from .limits import SqlLimits, check_size, check_text, depth_error, nodes_error
-from .nodes import ParamValue
-from .predicate import SPARK, Conjunct, column, identifier, split_conjuncts, to_sql
-from .timebounds import combine, expression_time_bounds
+from iox_planner.errors import BadInputError, BadQueryError, UnsupportedError
+from iox_planner.model import CHUNK_ORDER, TIME, WRITE_SEQ, ColumnType, TableSchema
+from iox_planner.planner.functions import ALLOWED, HINTS, REFUSED, SYNTAX
+from iox_planner.planner.limits import SqlLimits, check_size, check_text, depth_error, nodes_error
+from iox_planner.planner.nodes import ParamValue
+from iox_planner.planner.predicate import SPARK, Conjunct, column, identifier, split_conjuncts, to_sql
+from iox_planner.planner.timebounds import combine, expression_time_bounds
 
 VIEW_PREFIX = "__iox_scan_"
 TIME_NS = "__time_ns"

@@ -14,9 +14,9 @@ from typing import Iterable
 import sqlglot
 from sqlglot import exp
 
-from ..errors import InternalError
-from ..model import TIME
-from .predicate import SPARK, Conjunct, split_conjuncts
+from iox_planner.errors import InternalError
+from iox_planner.model import TIME
+from iox_planner.planner.predicate import SPARK, Conjunct, split_conjuncts
 
 Bounds = tuple[int | None, int | None]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Union
 
-from .nodes import PlanNode
+from iox_planner.planner.nodes import PlanNode
 
 Rewrite = Callable[[PlanNode], PlanNode]
 NodeTypes = Union[type[PlanNode], tuple[type[PlanNode], ...]]

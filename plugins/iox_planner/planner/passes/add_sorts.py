@@ -15,11 +15,11 @@ DeduplicateExec: [tag, time]            DeduplicateExec: [tag, time]
 
 from __future__ import annotations
 
-from ..context import PassContext
-from ..nodes import (
+from iox_planner.planner.context import PassContext
+from iox_planner.planner.nodes import (
     DeduplicateExec, PlanNode, SortExec, SortPreservingMergeExec, UnionExec, output_order, sorted_by,
 )
-from ..transform import outside_dedup, transform_up
+from iox_planner.planner.transform import outside_dedup, transform_up
 
 
 def add_sorts(plan: PlanNode, ctx: PassContext) -> PlanNode:

@@ -11,9 +11,9 @@ UnionExec: [Some1]              Some1
 
 from __future__ import annotations
 
-from ..context import PassContext
-from ..nodes import PlanNode, UnionExec
-from ..transform import outside_dedup, transform_up
+from iox_planner.planner.context import PassContext
+from iox_planner.planner.nodes import PlanNode, UnionExec
+from iox_planner.planner.transform import outside_dedup, transform_up
 
 
 def clean_unions(plan: PlanNode, ctx: PassContext) -> PlanNode:

@@ -11,10 +11,10 @@ UnionExec:                                   UnionExec:
 
 from __future__ import annotations
 
-from ..chunks import deal, node_order
-from ..context import PassContext
-from ..nodes import ParquetExec, PlanNode, UnionExec
-from ..transform import outside_dedup, transform_down
+from iox_planner.planner.chunks import deal, node_order
+from iox_planner.planner.context import PassContext
+from iox_planner.planner.nodes import ParquetExec, PlanNode, UnionExec
+from iox_planner.planner.transform import outside_dedup, transform_down
 
 
 def fuse_scans_without_dedup(plan: PlanNode, ctx: PassContext) -> PlanNode:

@@ -15,11 +15,11 @@ DeduplicateExec: [tag, time]                 DeduplicateExec: [tag, time]
 
 from __future__ import annotations
 
-from ...model import CHUNK_ORDER, Chunk
-from ..chunks import by_order, deal
-from ..context import PassContext
-from ..nodes import DeduplicateExec, ParquetExec, PlanNode, SortItem
-from ..transform import outside_dedup, transform_down, transform_up
+from iox_planner.model import CHUNK_ORDER, Chunk
+from iox_planner.planner.chunks import by_order, deal
+from iox_planner.planner.context import PassContext
+from iox_planner.planner.nodes import DeduplicateExec, ParquetExec, PlanNode, SortItem
+from iox_planner.planner.transform import outside_dedup, transform_down, transform_up
 
 
 def group_files_by_sort(plan: PlanNode, ctx: PassContext) -> PlanNode:

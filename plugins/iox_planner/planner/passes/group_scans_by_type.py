@@ -13,10 +13,10 @@ UnionExec:                                UnionExec:
 
 from __future__ import annotations
 
-from ..chunks import by_order, deal
-from ..context import PassContext
-from ..nodes import ParquetExec, PlanNode, RecordBatchesExec, UnionExec
-from ..transform import outside_dedup, transform_up
+from iox_planner.planner.chunks import by_order, deal
+from iox_planner.planner.context import PassContext
+from iox_planner.planner.nodes import ParquetExec, PlanNode, RecordBatchesExec, UnionExec
+from iox_planner.planner.transform import outside_dedup, transform_up
 
 
 def group_scans_by_type(plan: PlanNode, ctx: PassContext) -> PlanNode:

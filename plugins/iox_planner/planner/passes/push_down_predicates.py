@@ -16,10 +16,10 @@ A conjunct that reads a field stays above the dedup: it must see the merged row.
 
 from __future__ import annotations
 
-from ..context import PassContext
-from ..nodes import DeduplicateExec, FilterExec, ParquetExec, PlanNode, UnionExec
-from ..predicate import merge_conjuncts
-from ..transform import transform_down
+from iox_planner.planner.context import PassContext
+from iox_planner.planner.nodes import DeduplicateExec, FilterExec, ParquetExec, PlanNode, UnionExec
+from iox_planner.planner.predicate import merge_conjuncts
+from iox_planner.planner.transform import transform_down
 
 
 def push_down_predicates(plan: PlanNode, ctx: PassContext) -> PlanNode:

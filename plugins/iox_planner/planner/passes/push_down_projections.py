@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ...model import CHUNK_ORDER
-from ..context import PassContext
-from ..nodes import (
+from iox_planner.model import CHUNK_ORDER
+from iox_planner.planner.context import PassContext
+from iox_planner.planner.nodes import (
     LEAVES, DeduplicateExec, EmptyExec, FilterExec, PlanNode, ProjectionExec, SortExec, SortPreservingMergeExec,
     UnionExec, leaf_with_projection,
 )
-from ..predicate import columns_of
-from ..transform import transform_down
+from iox_planner.planner.predicate import columns_of
+from iox_planner.planner.transform import transform_down
 
 
 def _keep(schema: tuple[str, ...], wanted: Iterable[str]) -> tuple[str, ...]:

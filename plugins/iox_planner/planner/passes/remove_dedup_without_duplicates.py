@@ -10,9 +10,9 @@ keeps its dedup, since it may hold duplicates of its own.
 
 from __future__ import annotations
 
-from ..context import PassContext
-from ..nodes import DeduplicateExec, ParquetExec, PlanNode, UnionExec
-from ..transform import outside_dedup, transform_up
+from iox_planner.planner.context import PassContext
+from iox_planner.planner.nodes import DeduplicateExec, ParquetExec, PlanNode, UnionExec
+from iox_planner.planner.transform import outside_dedup, transform_up
 
 
 def remove_dedup_without_duplicates(plan: PlanNode, ctx: PassContext) -> PlanNode:

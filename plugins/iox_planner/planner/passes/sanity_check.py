@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ...errors import InternalError
-from ..chunks import canonical_columns
-from ..context import PassContext
-from ..explain import render_node
-from ..nodes import (
+from iox_planner.errors import InternalError
+from iox_planner.planner.chunks import canonical_columns
+from iox_planner.planner.context import PassContext
+from iox_planner.planner.explain import render_node
+from iox_planner.planner.nodes import (
     DeduplicateExec, FilterExec, ParquetExec, PlanNode, ProjectionExec, RecordBatchesExec, SortExec,
     SortPreservingMergeExec, UnionExec, output_order, sorted_by,
 )
-from ..predicate import columns_of
+from iox_planner.planner.predicate import columns_of
 
 
 def sanity_check(plan: PlanNode, ctx: PassContext) -> PlanNode:

@@ -13,10 +13,10 @@ partitions) and a note says so.
 
 from __future__ import annotations
 
-from ...model import Chunk
-from ..context import PassContext, leaf_chunks
-from ..nodes import DeduplicateExec, PlanNode, UnionExec
-from ..transform import outside_dedup, transform_up
+from iox_planner.model import Chunk
+from iox_planner.planner.context import PassContext, leaf_chunks
+from iox_planner.planner.nodes import DeduplicateExec, PlanNode, UnionExec
+from iox_planner.planner.transform import outside_dedup, transform_up
 
 
 def split_dedup_by_partition(plan: PlanNode, ctx: PassContext) -> PlanNode:

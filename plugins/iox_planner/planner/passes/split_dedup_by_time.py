@@ -18,10 +18,10 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Sequence
 
-from ...model import Chunk
-from ..context import PassContext, leaf_chunks
-from ..nodes import DeduplicateExec, PlanNode, UnionExec
-from ..transform import outside_dedup, transform_up
+from iox_planner.model import Chunk
+from iox_planner.planner.context import PassContext, leaf_chunks
+from iox_planner.planner.nodes import DeduplicateExec, PlanNode, UnionExec
+from iox_planner.planner.transform import outside_dedup, transform_up
 
 
 def time_groups(chunks: Sequence[Chunk]) -> list[list[Chunk]]:

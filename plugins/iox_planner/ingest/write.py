@@ -16,13 +16,13 @@ import pyarrow.compute as pc
 
 from sqlalchemy.engine import Connection
 
-from . import storage
-from .catalog import MAX_WRITE_POSITION, Catalog, ChunkRow, check_db_name, check_name, excerpt
-from .config import warehouse as default_warehouse
-from .errors import BadInputError, CatalogError
-from .lineprotocol import LineError, Point, Precision, decode_utf8, describe_errors, parse
-from .model import LOCAL_STORE, TIME, ChunkKind, ColumnType
-from .timeutil import NS_PER_DAY, now_ns, partition_of
+from iox_planner.ingest import files as storage
+from iox_planner.catalog.store import MAX_WRITE_POSITION, Catalog, ChunkRow, check_db_name, check_name, excerpt
+from iox_planner.config import warehouse as default_warehouse
+from iox_planner.errors import BadInputError, CatalogError
+from iox_planner.ingest.lineprotocol import LineError, Point, Precision, decode_utf8, describe_errors, parse
+from iox_planner.model import LOCAL_STORE, TIME, ChunkKind, ColumnType
+from iox_planner.timeutil import NS_PER_DAY, now_ns, partition_of
 
 DEFAULT_GRACE_SECONDS = 3600.0
 

@@ -1,4 +1,4 @@
-"""spark-submit entry point of a fanned-out plan (see iox_airflow/fanout.py).
+"""spark-submit entry point of a fanned-out plan (see plugins/iox_planner/planner/fanout.py).
 
     spark-submit run_parts.py part  --plan part-0.json --warehouse DIR --output PARTS/0 --metrics m.json
     spark-submit run_parts.py merge --plan plan.json --warehouse DIR --parts PARTS --format jsonl --output OUT \
@@ -93,7 +93,7 @@ def write_result(result: Any, fmt: str, output: Path) -> int:
         return int(materialize(result, fmt, output, sys.stdout))
     import pyarrow as pa
 
-    from iox_planner.output import staged_file
+    from iox_planner.output.formats import staged_file
 
     table = result_to_arrow(result)
     with staged_file(output) as tmp:

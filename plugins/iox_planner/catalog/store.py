@@ -13,10 +13,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection, Engine
 
-from .config import catalog_url, project_root
-from .errors import BadInputError, CatalogError
-from .model import Chunk, ChunkKind, ColumnType, TableSchema
-from .timeutil import NS_PER_DAY
+from iox_planner.config import catalog_url, project_root
+from iox_planner.errors import BadInputError, CatalogError
+from iox_planner.model import Chunk, ChunkKind, ColumnType, TableSchema
+from iox_planner.timeutil import NS_PER_DAY
 
 DB_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # always with fullmatch: `$` would let a trailing newline through
 MAX_ORDER = 2**31 - 1

@@ -10,10 +10,10 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from .errors import BadInputError
-from .lineprotocol import Point, parse
-from .model import LOCAL_STORE, TIME, Chunk, ChunkKind, ColumnType, StaticSource
-from .timeutil import now_ns, partition_bounds, partition_of
+from iox_planner.errors import BadInputError
+from iox_planner.ingest.lineprotocol import Point, parse
+from iox_planner.model import LOCAL_STORE, TIME, Chunk, ChunkKind, ColumnType, StaticSource
+from iox_planner.timeutil import now_ns, partition_bounds, partition_of
 
 MAX_ORDER = 2**31 - 1
 """Orders stay below 2^31: the executor packs (order << 32) | write position into one int64 (catalog.MAX_ORDER)."""
@@ -323,7 +323,7 @@ def check_unique_orders(chunks: Sequence[Chunk], existing: Mapping[tuple[str, st
 
 def scenario_source(scenario: Scenario) -> StaticSource:
     """The scenario's chunks as planner metadata alone: no catalog, no data files."""
-    from . import storage
+    from iox_planner.ingest import files as storage
 
     orders = assign_orders(scenario.chunks, 0)
     out: list[Chunk] = []
@@ -388,9 +388,9 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
     `db` (from --db) wins over the file's `db:`. Loading into an existing database adds to it; default orders
     count on from the highest order it holds, and the catalog's order sequence moves past what was loaded.
     """
-    from . import ingest
-    from .catalog import check_db_name
-    from .config import warehouse as default_warehouse
+    from iox_planner.ingest import write as ingest
+    from iox_planner.catalog.store import check_db_name
+    from iox_planner.config import warehouse as default_warehouse
 
     name = db or scenario.db
     if not name:

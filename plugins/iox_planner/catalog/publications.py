@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .catalog import Catalog, output_publications
+from iox_planner.catalog.store import Catalog, output_publications
 
 
 @dataclass(frozen=True)

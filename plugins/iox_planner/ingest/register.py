@@ -29,13 +29,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
 
-from . import storage
-from .catalog import Catalog, ChunkRow, databases, ingester_chunks, partitions, query_runs, tables
-from .config import warehouse as default_warehouse
-from .errors import BadInputError, CatalogError
-from .ingest import _Staged, chunk_path
-from .model import LOCAL_STORE, TIME, ChunkKind, ColumnType
-from .timeutil import NS_PER_DAY, check_range, format_time, partition_bounds, partition_of
+from iox_planner.ingest import files as storage
+from iox_planner.catalog.store import Catalog, ChunkRow, databases, ingester_chunks, partitions, query_runs, tables
+from iox_planner.config import warehouse as default_warehouse
+from iox_planner.errors import BadInputError, CatalogError
+from iox_planner.ingest.write import _Staged, chunk_path
+from iox_planner.model import LOCAL_STORE, TIME, ChunkKind, ColumnType
+from iox_planner.timeutil import NS_PER_DAY, check_range, format_time, partition_bounds, partition_of
 
 _metadata = sa.MetaData()
 # Defined here rather than in catalog.py's metadata so this module stays self-contained (migration 0002).

@@ -5,9 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from .catalog import Catalog, check_name, excerpt
-from .errors import CatalogError
-from .timeutil import format_time
+from iox_planner.catalog.store import Catalog, check_name, excerpt
+from iox_planner.errors import CatalogError
+from iox_planner.timeutil import format_time
 
 
 def show(catalog: Catalog, db: str, table: str | None, console: Console) -> None:

@@ -14,8 +14,8 @@ import random
 from dataclasses import dataclass
 from typing import Iterator
 
-from .errors import BadInputError
-from .timeutil import NS_PER_SECOND, format_time
+from iox_planner.errors import BadInputError
+from iox_planner.timeutil import NS_PER_SECOND, format_time
 
 NS_PER_HOUR = 3600 * NS_PER_SECOND
 MEASUREMENT = "cpu"

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .config import project_root, state_dir
-from .errors import CatalogError
+from iox_planner.config import project_root, state_dir
+from iox_planner.errors import CatalogError
 
 PG_BIN_CANDIDATES = ("/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin")
 

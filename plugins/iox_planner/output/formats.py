@@ -20,8 +20,8 @@ from typing import Any, Iterator, TextIO
 
 import pyarrow as pa
 
-from .errors import BadInputError
-from .timeutil import format_time
+from iox_planner.errors import BadInputError
+from iox_planner.timeutil import format_time
 
 NS_PREFIX = "__iox_ns_"
 
@@ -150,7 +150,7 @@ def publishing_as(run: str, ledger: Any = None) -> Iterator[None]:
 def _ledger() -> Any:
     ledger = _LEDGER.get()
     if ledger is None:
-        from .publications import CatalogLedger
+        from iox_planner.catalog.publications import CatalogLedger
 
         ledger = CatalogLedger()
         _LEDGER.set(ledger)
@@ -177,7 +177,7 @@ def forbidden_places() -> list[tuple[Path, str]]:
     import site
     import sys
 
-    from .config import project_root, warehouse
+    from iox_planner.config import project_root, warehouse
 
     places: list[tuple[Path, str]] = [(warehouse(), "the warehouse (IOX_WAREHOUSE)"),
                                       (project_root(), "the iox-batch project folder")]
@@ -231,7 +231,7 @@ def safe_output_path(path: Path | str) -> Path:
         if target.is_relative_to(system):
             raise BadInputError(f"output {_short(text)} lies in {system}, which holds no files to write; choose a "
                                 "path on a real filesystem")
-    from .config import project_root
+    from iox_planner.config import project_root
 
     allowed_in_project = project_root() / "output"
     for place, what in forbidden_places():
@@ -362,7 +362,7 @@ def staged_folder(path: Path) -> Iterator[Path]:
 
 
 def _publication(target: Path, kind: str, fp: str) -> Any:
-    from .publications import Publication
+    from iox_planner.catalog.publications import Publication
 
     return Publication(str(target), kind, fp, _run_label())
 

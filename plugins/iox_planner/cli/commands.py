@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .errors import BadInputError
-from .timeutil import check_range, parse_time
+from iox_planner.errors import BadInputError
+from iox_planner.timeutil import check_range, parse_time
 
 
 def time_range(start: str | None, end: str | None) -> tuple[int | None, int | None]:
@@ -18,24 +18,24 @@ def time_range(start: str | None, end: str | None) -> tuple[int | None, int | No
 
 
 def plan_from_args(args: argparse.Namespace) -> Any:
-    from .cli import parse_assignments
-    from .planner import PlannerSettings, plan_query
+    from iox_planner.cli.main import parse_assignments
+    from iox_planner.planner import PlannerSettings, plan_query
 
     settings = PlannerSettings.from_env(parse_assignments(args.settings, "--set"))
     params = parse_assignments(args.param, "--param")
-    from .catalog import check_name
+    from iox_planner.catalog.store import check_name
 
     for name in params:
         check_name(name, "--param name")
     lo, hi = time_range(args.time_start, args.time_end)
     if getattr(args, "chunks", None):
-        from .scenario import read_scenario, scenario_source
+        from iox_planner.ingest.scenario import read_scenario, scenario_source
 
         source: Any = scenario_source(read_scenario(args.chunks))
     else:
         if not args.db:
             raise BadInputError("explain needs --db DB (or --chunks SCENARIO.yaml to plan without a catalog)")
-        from .catalog import Catalog, CatalogSource
+        from iox_planner.catalog.store import Catalog, CatalogSource
 
         catalog = Catalog()
         catalog.require_schema()
@@ -44,14 +44,14 @@ def plan_from_args(args: argparse.Namespace) -> Any:
 
 
 def explain(args: argparse.Namespace) -> str:
-    from .planner import render
+    from iox_planner.planner import render
 
     if args.analyze:
         if args.chunks:
             raise BadInputError("--analyze runs the plan, which needs the data: use it with --db, not --chunks")
         if args.format != "tree":
             raise BadInputError("--analyze shows its metrics in the tree format; drop --format or use tree")
-        from .runner import analyze
+        from iox_planner.cli.runner import analyze
 
         return analyze(plan_from_args(args))
     return str(render(plan_from_args(args), args.format))
@@ -62,15 +62,15 @@ def query(args: argparse.Namespace, console: Any) -> int:
     import sys
     from pathlib import Path
 
-    from .output import OutputFormat
-    from .runner import run
+    from iox_planner.output.formats import OutputFormat
+    from iox_planner.cli.runner import run
 
     fmt = OutputFormat(args.format)
     output = None
     if args.output is not None and fmt is OutputFormat.TABLE:
         raise BadInputError("format table prints to the terminal; use csv, jsonl or parquet with --output")
     if args.output is not None:
-        from .output import check_destination
+        from iox_planner.output.formats import check_destination
 
         # Checked before planning and Spark start: a refused path fails in a moment, with nothing run.
         if not args.output.strip():

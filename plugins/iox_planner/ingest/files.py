@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import CatalogError
-from .lineprotocol import Point
-from .model import TIME, WRITE_SEQ, ColumnType
+from iox_planner.errors import CatalogError
+from iox_planner.ingest.lineprotocol import Point
+from iox_planner.model import TIME, WRITE_SEQ, ColumnType
 
 ARROW_TYPES: Mapping[ColumnType, pa.DataType] = {
     ColumnType.TAG: pa.string(),

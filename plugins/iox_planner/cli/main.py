@@ -9,8 +9,8 @@ from typing import Any, Callable, Sequence
 
 from rich.console import Console
 
-from . import __version__
-from .errors import BadInputError, IoxError, clip_message
+from iox_planner import __version__
+from iox_planner.errors import BadInputError, IoxError, clip_message
 
 # Off a terminal (pipes, files, CI logs) rich would wrap tables at 80 columns: never wrap there, since a
 # reader of piped output wants whole lines.
@@ -20,7 +20,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
 
 def _catalog() -> Any:
-    from .catalog import Catalog
+    from iox_planner.catalog.store import Catalog
 
     catalog = Catalog()
     catalog.require_schema()
@@ -31,7 +31,7 @@ def _catalog() -> Any:
 
 
 def cmd_catalog_migrate(args: argparse.Namespace) -> int:
-    from .catalog import Catalog
+    from iox_planner.catalog.store import Catalog
 
     catalog = Catalog()
     applied = catalog.migrate()
@@ -44,8 +44,8 @@ def cmd_catalog_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_write(args: argparse.Namespace) -> int:
-    from .ingest import read_input, write_line_protocol
-    from .lineprotocol import Precision
+    from iox_planner.ingest.write import read_input, write_line_protocol
+    from iox_planner.ingest.lineprotocol import Precision
 
     text, source = read_input(args.file)
     catalog = _catalog()
@@ -61,7 +61,7 @@ def cmd_write(args: argparse.Namespace) -> int:
 
 
 def cmd_persist(args: argparse.Namespace) -> int:
-    from .ingest import persist
+    from iox_planner.ingest.write import persist
 
     catalog = _catalog()
     results = persist(catalog, args.db, table=args.table)
@@ -76,9 +76,9 @@ def cmd_persist(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from .ingest import persist, write_line_protocol
-    from .timeutil import NS_PER_SECOND, parse_time
-    from .tsbs import generate_cpu
+    from iox_planner.ingest.write import persist, write_line_protocol
+    from iox_planner.timeutil import NS_PER_SECOND, parse_time
+    from iox_planner.ingest.tsbs import generate_cpu
 
     if args.hosts < 1 or args.hours < 1 or not 0 <= args.rewrite_fraction <= 1:
         raise BadInputError("--hosts and --hours must be at least 1 and --rewrite-fraction between 0 and 1")
@@ -102,7 +102,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    from .scenario import load_scenario, read_scenario
+    from iox_planner.ingest.scenario import load_scenario, read_scenario
 
     scenario = read_scenario(args.scenario)
     catalog = _catalog()
@@ -114,8 +114,8 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_drop(args: argparse.Namespace) -> int:
-    from .catalog import drop_database
-    from .config import warehouse
+    from iox_planner.catalog.store import drop_database
+    from iox_planner.config import warehouse
 
     if not args.yes:
         raise BadInputError(f"dropping database {args.db!r} deletes its catalog rows and files; add --yes to confirm")
@@ -125,7 +125,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from .show import show
+    from iox_planner.cli.show import show
 
     catalog = _catalog()
     show(catalog, args.db, args.table, out)
@@ -133,14 +133,14 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .commands import explain
+    from iox_planner.cli.commands import explain
 
     out.print(explain(args), markup=False)
     return 0
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from .commands import query
+    from iox_planner.cli.commands import query
 
     return query(args, out)
 
@@ -168,7 +168,7 @@ def _resolve_sql(args: argparse.Namespace) -> None:
         raise BadInputError("no query given: pass the SQL as an argument or with --sql-file PATH (- for standard "
                             "input)")
     if args.sql_file is not None:
-        from .planner.limits import read_sql_file
+        from iox_planner.planner.limits import read_sql_file
 
         args.sql = read_sql_file(args.sql_file)
 
@@ -176,7 +176,7 @@ def _resolve_sql(args: argparse.Namespace) -> None:
 def _check_argv(args: argparse.Namespace) -> None:
     """Arguments are text: an invalid UTF-8 byte in argv reaches Python as a lone surrogate, which Spark's JVM
     side would fail on with a traceback."""
-    from .planner.limits import check_text
+    from iox_planner.planner.limits import check_text
 
     for name, value in vars(args).items():
         for item in value if isinstance(value, list) else [value]:

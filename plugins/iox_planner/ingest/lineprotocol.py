@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
-from .errors import BadInputError
-from .model import TIME, ColumnType
-from .timeutil import INT64_MAX, INT64_MIN
+from iox_planner.errors import BadInputError
+from iox_planner.model import TIME, ColumnType
+from iox_planner.timeutil import INT64_MAX, INT64_MIN
 
 UINT64_MAX = 2**64 - 1
 

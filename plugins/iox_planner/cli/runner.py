@@ -12,10 +12,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
-from .config import project_root, warehouse
-from .errors import BadInputError, IoxError
-from .output import OutputFormat, finish_columns, render_table, write_text_output
-from .planner.nodes import QueryPlan
+from iox_planner.config import project_root, warehouse
+from iox_planner.errors import BadInputError, IoxError
+from iox_planner.output.formats import OutputFormat, finish_columns, render_table, write_text_output
+from iox_planner.planner.nodes import QueryPlan
 
 _SESSION: Any = None
 
@@ -31,7 +31,7 @@ def session() -> Any:
     if _SESSION is None:
         from spark_jobs.executor import build_session
 
-        from .config import state_dir
+        from iox_planner.config import state_dir
 
         log = open(state_dir() / "spark.log", "ab")
         saved = os.dup(2)
@@ -128,8 +128,8 @@ def analyze(plan: QueryPlan) -> str:
 
     from spark_jobs.executor import execute, spark_errors
 
-    from .planner.explain import render_tree
-    from .planner.nodes import DeduplicateExec, PlanNode
+    from iox_planner.planner.explain import render_tree
+    from iox_planner.planner.nodes import DeduplicateExec, PlanNode
 
     started = time.perf_counter()
     with spark_errors(plan):
