@@ -35,11 +35,11 @@ def run_job(plan_file: str, app: str, work: Callable[[Any, Any], int], metrics: 
     from iox_planner.errors import IoxError
 
     try:
-        from iox_planner.planner.nodes import QueryPlan
+        from iox_planner.planner.serde import plan_from_json
 
         from spark_jobs.executor import build_session, spark_errors
 
-        plan = QueryPlan.from_json(Path(plan_file).read_text())
+        plan = plan_from_json(Path(plan_file).read_text())
         spark = build_session(app=app)
         with spark_errors(plan):
             rows = work(spark, plan)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from iox_planner.catalog import names as catalog_names
 from iox_planner.catalog import store as cat
 from iox_planner.catalog.store import Catalog, migration_files
 from iox_planner.errors import BadInputError, CatalogError
@@ -67,9 +68,9 @@ def test_table_definitions_match_the_migrated_schema(catalog: Catalog) -> None:
 @pytest.mark.parametrize("name", ["", "a b", "x" * 65, "semi;colon", "dot.name", "ünï"])
 def test_bad_database_names_are_refused(name: str) -> None:
     with pytest.raises(BadInputError, match="database name"):
-        cat.check_db_name(name)
+        catalog_names.check_db_name(name)
 
 
 @pytest.mark.parametrize("name", ["demo", "A-b_9", "x" * 64])
 def test_good_database_names(name: str) -> None:
-    assert cat.check_db_name(name) == name
+    assert catalog_names.check_db_name(name) == name

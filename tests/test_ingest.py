@@ -8,7 +8,8 @@ import pytest
 
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError, CatalogError
-from iox_planner.ingest.write import collect_garbage, persist, write_line_protocol
+from iox_planner.ingest.persist import collect_garbage, persist
+from iox_planner.ingest.write import write_line_protocol
 from iox_planner.ingest.scenario import load_scenario, parse_scenario
 
 from helpers import catalog_counts, live_chunks, read_rows, warehouse_files

@@ -37,7 +37,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from iox_planner.catalog.store import check_db_name
+from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
 from iox_planner.timeutil import parse_time
 

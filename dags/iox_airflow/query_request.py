@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from iox_planner.catalog.store import check_db_name
+from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
-from iox_planner.ingest.register import RunKey
+from iox_planner.model import RunKey
 from iox_planner.timeutil import INT64_MAX, INT64_MIN, check_range, format_time, parse_time
 
 from iox_airflow.settings import AirflowSettings

@@ -129,14 +129,14 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> 
     """Record the run, plan against the catalog, take the run lock and write the plan and the Spark jobs' inputs
     into the run's staging folder. Bad input fails here with a clear message: the run is marked failed and
     nothing is written anywhere else."""
-    from iox_planner.ingest import register as mat
+    from iox_planner.catalog import runs
     from iox_planner.catalog.store import CatalogSource
     from iox_planner.output.formats import check_destination
-    from iox_planner.planner import PlannerSettings, plan_query
+    from iox_planner.planner import PlannerSettings, plan_query, serde
 
     catalog = _catalog()
     staging = Staging.for_run(request.output, run)
-    run_pk = mat.start_run(
+    run_pk = runs.start_run(
         catalog, database=request.db, params=request.as_params(), dag_id=run.dag_id, run_id=run.run_id,
         definition=request.definition, interval=(request.time_start, request.time_end), output=str(request.output),
     )
@@ -153,10 +153,10 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> 
         query_plan = plan_query(request.sql, CatalogSource(catalog, request.db), params=dict(request.args),
                                 time_start=request.time_start, time_end=request.time_end,
                                 settings=PlannerSettings.from_env())
-        mat.acquire_lock(catalog, key, run.holder, query_run=run_pk, ttl_seconds=settings.run_lock_ttl_s)
+        runs.acquire_lock(catalog, key, run.holder, query_run=run_pk, ttl_seconds=settings.run_lock_ttl_s)
         staging.reset()
-        staging.plan_file.write_text(query_plan.to_json())
-        mat.record_plan(catalog, run_pk, query_plan.to_dict())
+        staging.plan_file.write_text(serde.plan_to_json(query_plan))
+        runs.record_plan(catalog, run_pk, serde.plan_to_dict(query_plan))
         jobs, merge = _spark_jobs(query_plan, request, staging, settings)
         summary = plan_summary(query_plan)
         summary["spark_jobs"] = len(jobs) + (1 if merge else 0)
@@ -171,6 +171,7 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> 
 def _spark_jobs(query_plan: Any, request: QueryRequest, staging: Staging,
                 settings: AirflowSettings) -> tuple[list[dict[str, Any]], list[str] | None]:
     from iox_planner.config import warehouse
+    from iox_planner.planner import serde
     from iox_planner.planner.fanout import split_plan
 
     fmt = spark_format(request)
@@ -187,7 +188,7 @@ def _spark_jobs(query_plan: Any, request: QueryRequest, staging: Staging,
     staging.parts.mkdir()
     jobs = []
     for k, part in enumerate(parts):
-        staging.part_plan(k).write_text(part.to_json())
+        staging.part_plan(k).write_text(serde.plan_to_json(part))
         jobs.append({
             "application": str(PARTS_JOB),
             "application_args": ["part", "--plan", str(staging.part_plan(k)), "--warehouse", wh,
@@ -226,14 +227,14 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
     """Publish the staged result at the output (atomically, by output.py's rules) and, for `register_as`, write
     it as a catalog table too; record the run as succeeded and release its lock, all in one catalog transaction
     that first checks the lock is still ours. Any failure: the run is marked failed, nothing is published."""
-    from iox_planner.ingest import register as mat
+    from iox_planner.catalog import runs
 
     catalog = _catalog()
     staging = Staging(Path(handle["staging"]))
     run_pk = int(handle["query_run"])
     key = request.lock_key()
-    done = mat.get_run(catalog, run_pk)
-    if done is not None and done["status"] == mat.RunStatus.SUCCESS.value and not staging.root.exists():
+    done = runs.get_run(catalog, run_pk)
+    if done is not None and done["status"] == runs.RunStatus.SUCCESS.value and not staging.root.exists():
         catalog.dispose()  # this commit already happened (the task was cleared and ran again): nothing to do
         return CommitOutcome(run_pk, str(request.output), int(done["row_count"] or 0), None)
     try:
@@ -248,13 +249,13 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
         from iox_planner.catalog.publications import CatalogLedger
 
         with publishing_as(run.holder, CatalogLedger(catalog)), catalog.engine.begin() as conn:
-            mat.check_lock(conn, key, run.holder)
+            runs.check_lock(conn, key, run.holder)
             if fmt == "arrow":
                 rows, registered = _publish_from_arrow(catalog, conn, request, staging.result(fmt))
             else:
                 _publish(staging.result(fmt), request.output, request.format)
-            mat.finish_run(catalog, run_pk, mat.RunStatus.SUCCESS, row_count=rows, conn=conn)
-            mat.release_lock(catalog, key, run.holder, conn=conn)
+            runs.finish_run(catalog, run_pk, runs.RunStatus.SUCCESS, row_count=rows, conn=conn)
+            runs.release_lock(catalog, key, run.holder, conn=conn)
         staging.remove()
         return CommitOutcome(run_pk, str(request.output), rows, registered)
     except BaseException as err:
@@ -282,13 +283,13 @@ def fail(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any] | No
 
 def reject(params: Mapping[str, Any], run: RunIdentity, message: str) -> None:
     """Params that do not even make a request: record the run as failed with the params as given."""
-    from iox_planner.ingest import register as mat
+    from iox_planner.catalog import runs
 
     catalog = _catalog()
     try:
-        run_pk = mat.start_run(catalog, database=str(params.get("db") or ""), params=params, dag_id=run.dag_id,
+        run_pk = runs.start_run(catalog, database=str(params.get("db") or ""), params=params, dag_id=run.dag_id,
                                run_id=run.run_id, output=str(params.get("output") or "") or None)
-        mat.finish_run(catalog, run_pk, mat.RunStatus.FAILED, error=message)
+        runs.finish_run(catalog, run_pk, runs.RunStatus.FAILED, error=message)
     finally:
         catalog.dispose()
 
@@ -305,11 +306,11 @@ def _fail_run(err: BaseException, doing: str, catalog: Any, run_pk: int, key: An
 
 
 def _record_failure(catalog: Any, run_pk: int, key: Any, run: RunIdentity, staging: Staging, message: str) -> None:
-    from iox_planner.ingest import register as mat
+    from iox_planner.catalog import runs
 
     try:
-        mat.finish_run(catalog, run_pk, mat.RunStatus.FAILED, error=message)
-        mat.release_lock(catalog, key, run.holder)
+        runs.finish_run(catalog, run_pk, runs.RunStatus.FAILED, error=message)
+        runs.release_lock(catalog, key, run.holder)
     finally:
         staging.remove()
 
@@ -330,7 +331,7 @@ def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, staged: 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from iox_planner.ingest import register as mat
+    from iox_planner.ingest import register
     from iox_planner.config import warehouse
     from iox_planner.output.formats import (
         OutputFormat, arrow_for_parquet, finish_columns, staged_folder, write_text_output,
@@ -344,7 +345,7 @@ def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, staged: 
     db = target.db or request.db
     written: list[Path] = []
     try:
-        result = mat.register_interval(catalog, db, target.table, table, tags=target.tags,
+        result = register.register_interval(catalog, db, target.table, table, tags=target.tags,
                                        interval=(request.time_start, request.time_end), conn=conn,
                                        warehouse=warehouse(), written=written)
         if request.format is ResultFormat.PARQUET:

@@ -29,13 +29,3 @@ def warehouse() -> Path:
     env = os.environ.get("IOX_WAREHOUSE")
     path = Path(env) if env else project_root() / "warehouse"
     return path.resolve()
-
-
-def catalog_url() -> str:
-    """IOX_CATALOG_URL, else the project's own local Postgres (started on demand and reused)."""
-    env = os.environ.get("IOX_CATALOG_URL")
-    if env:
-        return env
-    from iox_planner.catalog import localpg
-
-    return localpg.ensure_running().url("iox")

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
+from iox_planner.timeutil import check_range, format_time
+
 CHUNK_ORDER = "__chunk_order"
 """Virtual column carrying chunk order (and write position for ingester data) down to the dedup."""
 
@@ -141,3 +143,20 @@ class StaticSource:
 
     def sort_keys(self, table: str) -> Mapping[str, tuple[str, ...]]:
         return dict(self.partition_sort_keys.get(table, {}))
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """What a run lock protects: one definition's (or output's) half-open interval, in ns."""
+
+    definition: str
+    interval_start: int
+    interval_end: int
+
+    def __post_init__(self) -> None:
+        if not self.definition:
+            raise ValueError("a run key needs a definition")
+        check_range(self.interval_start, self.interval_end)
+
+    def describe(self) -> str:
+        return f"{self.definition} [{format_time(self.interval_start)}, {format_time(self.interval_end)})"

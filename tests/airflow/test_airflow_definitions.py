@@ -18,7 +18,7 @@ from iox_airflow.query_request import QueryRequest, ResultFormat
 from iox_airflow.settings import AirflowSettings
 
 from iox_planner.errors import BadInputError
-from iox_planner.ingest.register import RunKey
+from iox_planner.model import RunKey
 from iox_planner.planner import plan_query
 from iox_planner.planner.nodes import DeduplicateExec, EmptyExec
 from iox_planner.ingest.scenario import read_scenario, scenario_source

@@ -14,7 +14,8 @@ import pytest
 from helpers import catalog_counts, live_chunks, warehouse_files
 
 from iox_planner.ingest import write as ingest
-from iox_planner.ingest import register as mat
+from iox_planner.catalog import runs
+from iox_planner.ingest import persist, register
 from iox_planner.catalog.store import Catalog, CatalogSource
 from iox_planner.errors import BadInputError, CatalogError
 from iox_planner.planner import plan_query
@@ -51,14 +52,14 @@ def rows_of(warehouse: Path, chunks: list[dict[str, Any]]) -> list[dict[str, Any
 def test_register_replaces_exactly_its_interval(catalog: Catalog, db: str, warehouse: Path) -> None:
     hour1 = (T0 + H, T0 + 2 * H)
     hour2 = (T0 + 2 * H, T0 + 3 * H)
-    first = mat.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + H, 2, 10.0),
+    first = register.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + H, 2, 10.0),
                                                                  ("MA", "Boston", T0 + H, 1, 20.0)]),
                                   tags=["state", "city"], interval=hour1)
     assert [(f.partition, f.rows) for f in first.files] == [("2024-01-01", 2)] and first.retired == 0
-    mat.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + 2 * H, 5, 50.0)]),
+    register.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + 2 * H, 5, 50.0)]),
                           tags=["state", "city"], interval=hour2)
     # Hour 1 again, with other rows: its earlier file goes, hour 2's stays.
-    again = mat.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + H, 3, 11.0)]),
+    again = register.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + H, 3, 11.0)]),
                                   tags=["state", "city"], interval=hour1)
     assert again.retired == 1 and again.trimmed == 0
     chunks = live(catalog, db, "rollup")
@@ -81,7 +82,7 @@ def test_register_rewrites_earlier_chunks_that_reach_outside_the_interval(
     lines = "\n".join(f"rollup,state=CA,city=SF samples={n}i,temp_avg={n}.5 {T0 + n * H}" for n in range(4))
     load_scenario(catalog, parse_scenario({"chunks": [{"id": "OLD", "kind": "parquet", "lines": lines}]}), db=db)
     [old] = live(catalog, db, "rollup")
-    got = mat.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + H, 7, 7.0)]),
+    got = register.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + H, 7, 7.0)]),
                                 tags=["state", "city"], interval=(T0 + H, T0 + 3 * H))
     assert got.retired == 1 and got.trimmed == 1
     chunks = live(catalog, db, "rollup")
@@ -103,74 +104,74 @@ def test_register_rejects_results_that_do_not_fit(catalog: Catalog, db: str, war
                                                    data: pa.Table, tags: list[str], message: str) -> None:
     before = (catalog_counts(catalog), warehouse_files(warehouse))
     with pytest.raises(BadInputError, match=message):
-        mat.register_interval(catalog, db, "rollup", data, tags=tags, interval=(T0 + H, T0 + 2 * H))
+        register.register_interval(catalog, db, "rollup", data, tags=tags, interval=(T0 + H, T0 + 2 * H))
     assert (catalog_counts(catalog), warehouse_files(warehouse)) == before
 
 
 def test_register_rejects_a_type_clash_and_changes_nothing(catalog: Catalog, db: str, warehouse: Path) -> None:
-    mat.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + H, 1, 1.0)]), tags=["state", "city"],
+    register.register_interval(catalog, db, "rollup", result([("CA", "SF", T0 + H, 1, 1.0)]), tags=["state", "city"],
                           interval=(T0 + H, T0 + 2 * H))
     before = (catalog_counts(catalog), warehouse_files(warehouse))
     clash = result([("CA", "SF", T0 + H, 1, 1.0)]).set_column(3, "samples", pa.array([1.5]))
     with pytest.raises(BadInputError, match="samples .the table has it as integer, the result as float"):
-        mat.register_interval(catalog, db, "rollup", clash, tags=["state", "city"], interval=(T0 + H, T0 + 2 * H))
+        register.register_interval(catalog, db, "rollup", clash, tags=["state", "city"], interval=(T0 + H, T0 + 2 * H))
     assert (catalog_counts(catalog), warehouse_files(warehouse)) == before
 
 
 def test_query_run_records(catalog: Catalog, db: str) -> None:
-    run = mat.start_run(catalog, database=db, params={"sql": "SELECT 1"}, dag_id="d", run_id=f"r-{db}",
+    run = runs.start_run(catalog, database=db, params={"sql": "SELECT 1"}, dag_id="d", run_id=f"r-{db}",
                         definition="x", interval=(1, 2), output="/tmp/o")
-    mat.finish_run(catalog, run, mat.RunStatus.FAILED, error="first, specific")
-    mat.finish_run(catalog, run, mat.RunStatus.FAILED, error="later, vague")
-    assert mat.get_run(catalog, run)["error"] == "first, specific"
+    runs.finish_run(catalog, run, runs.RunStatus.FAILED, error="first, specific")
+    runs.finish_run(catalog, run, runs.RunStatus.FAILED, error="later, vague")
+    assert runs.get_run(catalog, run)["error"] == "first, specific"
     # The same DAG run again (a retry) reuses and resets its row.
-    again = mat.start_run(catalog, database=db, params={"sql": "SELECT 2"}, dag_id="d", run_id=f"r-{db}")
+    again = runs.start_run(catalog, database=db, params={"sql": "SELECT 2"}, dag_id="d", run_id=f"r-{db}")
     assert again == run
-    row = mat.get_run(catalog, run)
+    row = runs.get_run(catalog, run)
     assert (row["status"], row["error"], row["params"]) == ("running", None, {"sql": "SELECT 2"})
-    mat.record_plan(catalog, run, {"node": "QueryExec"})
-    mat.finish_run(catalog, run, mat.RunStatus.SUCCESS, row_count=42)
-    row = mat.get_run(catalog, run)
+    runs.record_plan(catalog, run, {"node": "QueryExec"})
+    runs.finish_run(catalog, run, runs.RunStatus.SUCCESS, row_count=42)
+    row = runs.get_run(catalog, run)
     assert (row["status"], row["row_count"], row["plan"]) == ("success", 42, {"node": "QueryExec"})
     assert row["duration_s"] >= 0 and row["finished_at"] >= row["started_at"]
 
 
 def test_run_lock_lets_one_run_of_an_interval_publish(catalog: Catalog, db: str) -> None:
-    key = mat.RunKey(f"def_{db}", T0, T0 + DAY)
-    a = mat.start_run(catalog, database=db, params={}, dag_id="d", run_id=f"a-{db}")
-    b = mat.start_run(catalog, database=db, params={}, dag_id="d", run_id=f"b-{db}")
-    mat.acquire_lock(catalog, key, "d/a", query_run=a, ttl_seconds=3600)
+    key = runs.RunKey(f"def_{db}", T0, T0 + DAY)
+    a = runs.start_run(catalog, database=db, params={}, dag_id="d", run_id=f"a-{db}")
+    b = runs.start_run(catalog, database=db, params={}, dag_id="d", run_id=f"b-{db}")
+    runs.acquire_lock(catalog, key, "d/a", query_run=a, ttl_seconds=3600)
     with pytest.raises(CatalogError, match="is being computed by d/a"):
-        mat.acquire_lock(catalog, key, "d/b", query_run=b, ttl_seconds=3600)
-    mat.acquire_lock(catalog, key, "d/a", query_run=a, ttl_seconds=3600)  # a retry of the holder
+        runs.acquire_lock(catalog, key, "d/b", query_run=b, ttl_seconds=3600)
+    runs.acquire_lock(catalog, key, "d/a", query_run=a, ttl_seconds=3600)  # a retry of the holder
     with catalog.engine.begin() as conn:
-        mat.check_lock(conn, key, "d/a")
+        runs.check_lock(conn, key, "d/a")
         with pytest.raises(CatalogError, match="no longer holds"):
-            mat.check_lock(conn, key, "d/b")
+            runs.check_lock(conn, key, "d/b")
     # Once the holder's run has finished, another run may take the interval at once.
-    mat.finish_run(catalog, a, mat.RunStatus.FAILED, error="spark failed")
-    mat.acquire_lock(catalog, key, "d/b", query_run=b, ttl_seconds=0.2)
-    assert mat.lock_holder(catalog, key) == "d/b"
+    runs.finish_run(catalog, a, runs.RunStatus.FAILED, error="spark failed")
+    runs.acquire_lock(catalog, key, "d/b", query_run=b, ttl_seconds=0.2)
+    assert runs.lock_holder(catalog, key) == "d/b"
     with catalog.engine.begin() as conn, pytest.raises(CatalogError, match="held by d/b"):
-        mat.check_lock(conn, key, "d/a")
+        runs.check_lock(conn, key, "d/a")
     # An expired lock (its holder died while running) is taken over; the old holder then cannot publish.
     time.sleep(0.3)
-    c = mat.start_run(catalog, database=db, params={}, dag_id="d", run_id=f"c-{db}")
-    mat.acquire_lock(catalog, key, "d/c", query_run=c, ttl_seconds=3600)
+    c = runs.start_run(catalog, database=db, params={}, dag_id="d", run_id=f"c-{db}")
+    runs.acquire_lock(catalog, key, "d/c", query_run=c, ttl_seconds=3600)
     with catalog.engine.begin() as conn, pytest.raises(CatalogError, match="no longer holds"):
-        mat.check_lock(conn, key, "d/b")
-    assert not mat.release_lock(catalog, key, "d/b")
-    assert mat.release_lock(catalog, key, "d/c")
-    assert mat.lock_holder(catalog, key) is None
+        runs.check_lock(conn, key, "d/b")
+    assert not runs.release_lock(catalog, key, "d/b")
+    assert runs.release_lock(catalog, key, "d/c")
+    assert runs.lock_holder(catalog, key) is None
 
 
 def test_piled_up_partitions(catalog: Catalog, db: str) -> None:
     for n in range(3):
         ingest.write_line_protocol(catalog, db, f"cpu,host=a usage={n} {T0 + n}\nmem,host=a used={n} {T0 + n}")
     ingest.write_line_protocol(catalog, db, f"cpu,host=a usage=9 {T0 + DAY}")
-    mine = [p for p in mat.piled_up_partitions(catalog, 3) if p.db == db]
-    assert mine == [mat.PileUp(db, "cpu", "2024-01-01", 3), mat.PileUp(db, "mem", "2024-01-01", 3)]
-    assert [p for p in mat.piled_up_partitions(catalog, 4) if p.db == db] == []
-    assert mat.tables_to_persist(mine) == [(db, "cpu"), (db, "mem")]
-    ingest.persist(catalog, db, table="cpu")
-    assert [p.table for p in mat.piled_up_partitions(catalog, 3) if p.db == db] == ["mem"]
+    mine = [p for p in persist.piled_up_partitions(catalog, 3) if p.db == db]
+    assert mine == [persist.PileUp(db, "cpu", "2024-01-01", 3), persist.PileUp(db, "mem", "2024-01-01", 3)]
+    assert [p for p in persist.piled_up_partitions(catalog, 4) if p.db == db] == []
+    assert persist.tables_to_persist(mine) == [(db, "cpu"), (db, "mem")]
+    persist.persist(catalog, db, table="cpu")
+    assert [p.table for p in persist.piled_up_partitions(catalog, 3) if p.db == db] == ["mem"]

@@ -22,6 +22,8 @@ import pytest
 
 from iox_planner.model import CHUNK_ORDER, Chunk, ChunkKind, ColumnType, StaticSource
 from iox_planner.planner import PlannerSettings, plan_query
+from iox_planner.planner.explain import render_tree
+from iox_planner.planner.serde import plan_to_dict
 
 from planner_reference import PlanEvaluator, Predicate, dedup_rows, expected_rows, multiset
 
@@ -176,7 +178,7 @@ def check(case: Case) -> None:
     columns = [c for c, _ in optimized.scans[0].columns]
     assert columns == [c for c, _ in naive.scans[0].columns]
     assert CHUNK_ORDER not in columns
-    got_plan, naive_plan = optimized.to_dict(), naive.to_dict()
+    got_plan, naive_plan = plan_to_dict(optimized), plan_to_dict(naive)
     got = PlanEvaluator(got_plan, case.rows).scan(got_plan["children"][0])  # type: ignore[index]
     want = PlanEvaluator(naive_plan, case.rows).scan(naive_plan["children"][0])  # type: ignore[index]
     assert multiset(got, columns) == multiset(want, columns), "optimized and naive scans differ"
@@ -214,7 +216,7 @@ def test_cases_cover_what_matters() -> None:
         plan = plan_query(case.query, StaticSource(tuple(case.chunks), partition_sort_keys={"m": case.sort_keys}),
                           params=case.params, time_start=case.time_range[0], time_end=case.time_range[1],
                           settings=case.settings, now_ns=0)
-        text = str(plan)
+        text = render_tree(plan)
         for what, hit in {
             "ingester chunk with duplicates": any(
                 len({tuple(sorted(r.items())) for r in rs}) < len(rs) or len({r["time"] for r in rs}) < len(rs)

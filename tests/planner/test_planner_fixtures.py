@@ -23,7 +23,7 @@ from iox_planner.planner import PASSES, PlannerSettings, plan_query, render
 from iox_planner.planner.context import PassContext
 from iox_planner.planner.explain import render_node
 from iox_planner.planner.nodes import QueryPlan
-from iox_planner.planner.serde import node_from_dict
+from iox_planner.planner.serde import node_from_dict, plan_from_json, plan_to_dict, plan_to_json
 
 from planner_fixtures import fixture_files, load_chunks, read_fixture, source_of
 from planner_reference import PlanEvaluator, multiset
@@ -97,10 +97,10 @@ def test_fixture(path: Path, case: dict[str, Any]) -> None:
         return
     plan, rows = _plan(path, case)
     assert render(plan) == case["plan"]
-    assert QueryPlan.from_json(plan.to_json()) == plan
+    assert plan_from_json(plan_to_json(plan)) == plan
     if rows and len(rows) == len(case["chunks"]):
         naive, _ = _plan(path, case, naive=True)
-        got, want = plan.to_dict(), naive.to_dict()
+        got, want = plan_to_dict(plan), plan_to_dict(naive)
         for tree, naive_tree, scan in zip(got["children"], want["children"], plan.scans):
             columns = [c for c, _ in scan.columns]
             assert multiset(PlanEvaluator(got, rows).scan(tree), columns) == multiset(

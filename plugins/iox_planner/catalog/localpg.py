@@ -181,3 +181,12 @@ def stop() -> None:
     pg = LocalPostgres(**json.loads(state.read_text()))
     _run([str(_pg_bin() / "pg_ctl"), "-D", pg.data_dir, "-m", "fast", "-w", "stop"], check=False)
     state.unlink()
+
+
+# The catalog's default URL lives here, not in config.py (paths and env only), so config imports nothing.
+def catalog_url() -> str:
+    """IOX_CATALOG_URL, else the project's own local Postgres (started on demand and reused)."""
+    env = os.environ.get("IOX_CATALOG_URL")
+    if env:
+        return env
+    return ensure_running().url("iox")

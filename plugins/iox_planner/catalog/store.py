@@ -13,12 +13,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection, Engine
 
-from iox_planner.config import catalog_url, project_root
+from iox_planner.catalog.localpg import catalog_url
+from iox_planner.catalog.names import check_db_name
+from iox_planner.config import project_root
 from iox_planner.errors import BadInputError, CatalogError
 from iox_planner.model import Chunk, ChunkKind, ColumnType, TableSchema
 from iox_planner.timeutil import NS_PER_DAY
 
-DB_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # always with fullmatch: `$` would let a trailing newline through
 MAX_ORDER = 2**31 - 1
 """The highest chunk order: the Spark executor packs (order << 32) | write position into one int64."""
 MAX_WRITE_POSITION = 2**32 - 1
@@ -110,6 +111,18 @@ migrations_table = sa.Table(
     sa.Column("checksum", sa.Text, nullable=False),
     sa.Column("applied_at", sa.DateTime(timezone=True)),
 )
+# Run locks of scheduled and triggered runs (migration 0002; see catalog/runs.py).
+run_locks = sa.Table(
+    "iox_run_lock", metadata,
+    sa.Column("definition", sa.Text, primary_key=True),
+    sa.Column("interval_start", sa.BigInteger, primary_key=True),
+    sa.Column("interval_end", sa.BigInteger, primary_key=True),
+    sa.Column("holder", sa.Text, nullable=False),
+    sa.Column("query_run_id", sa.BigInteger),
+    sa.Column("acquired_at", sa.DateTime(timezone=True)),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+)
+
 database_orders = sa.Table(
     "iox_database_order", metadata,
     sa.Column("database_id", sa.BigInteger, primary_key=True),
@@ -125,30 +138,6 @@ output_publications = sa.Table(
     sa.Column("published_at", sa.DateTime(timezone=True)),
 )
 CHUNK_TABLES = {ChunkKind.PARQUET: parquet_files, ChunkKind.INGESTER: ingester_chunks}
-
-
-def excerpt(value: object, limit: int = 40) -> str:
-    """A user's value for an error message: repr'd (control characters visible), cut to `limit` characters."""
-    text = repr(value) if isinstance(value, str) else repr(str(value))
-    return text if len(text) <= limit else text[: limit - 4] + "...'"
-
-
-def check_name(name: object, what: str) -> str:
-    """Any name a user passes (table, parameter...): a non-empty string without NUL or control characters."""
-    if not isinstance(name, str) or not name:
-        raise BadInputError(f"{what} must be a non-empty name")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
-        raise BadInputError(f"{what} {excerpt(name)} holds a control character (a newline, NUL, tab...); names "
-                            "are printable text: remove it")
-    return name
-
-
-def check_db_name(name: str) -> str:
-    if not isinstance(name, str) or not DB_NAME.fullmatch(name):
-        raise BadInputError(
-            f"database name {excerpt(name)} is not allowed; use 1 to 64 letters, digits, '_' or '-'"
-        )
-    return name
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Sequence
 
 from iox_planner.errors import BadInputError
 from iox_planner.timeutil import check_range, parse_time
@@ -18,12 +18,11 @@ def time_range(start: str | None, end: str | None) -> tuple[int | None, int | No
 
 
 def plan_from_args(args: argparse.Namespace) -> Any:
-    from iox_planner.cli.main import parse_assignments
     from iox_planner.planner import PlannerSettings, plan_query
 
     settings = PlannerSettings.from_env(parse_assignments(args.settings, "--set"))
     params = parse_assignments(args.param, "--param")
-    from iox_planner.catalog.store import check_name
+    from iox_planner.catalog.names import check_name
 
     for name in params:
         check_name(name, "--param name")
@@ -83,3 +82,14 @@ def query(args: argparse.Namespace, console: Any) -> int:
         what = f"{rows} rows" if rows >= 0 else "result"
         console.print(f"{what} written to {output} ({fmt.value})")
     return 0
+
+
+def parse_assignments(items: Sequence[str], what: str) -> dict[str, str]:
+    """`name=value` pairs from repeated options."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise BadInputError(f"{what} {item!r} is not NAME=VALUE")
+        pairs[name.strip()] = value
+    return pairs

@@ -61,7 +61,7 @@ def cmd_write(args: argparse.Namespace) -> int:
 
 
 def cmd_persist(args: argparse.Namespace) -> int:
-    from iox_planner.ingest.write import persist
+    from iox_planner.ingest.persist import persist
 
     catalog = _catalog()
     results = persist(catalog, args.db, table=args.table)
@@ -76,7 +76,8 @@ def cmd_persist(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from iox_planner.ingest.write import persist, write_line_protocol
+    from iox_planner.ingest.persist import persist
+    from iox_planner.ingest.write import write_line_protocol
     from iox_planner.timeutil import NS_PER_SECOND, parse_time
     from iox_planner.ingest.tsbs import generate_cpu
 
@@ -300,17 +301,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(clip_message(f"internal error: {type(error).__name__}: {error}") + " (set IOX_DEBUG=1 for the "
                   "traceback, and please report it)", markup=False)
         return 70
-
-
-def parse_assignments(items: Sequence[str], what: str) -> dict[str, str]:
-    """`name=value` pairs from repeated options."""
-    pairs: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise BadInputError(f"{what} {item!r} is not NAME=VALUE")
-        pairs[name.strip()] = value
-    return pairs
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from iox_planner.config import project_root, warehouse
 from iox_planner.errors import BadInputError, IoxError
 from iox_planner.output.formats import OutputFormat, finish_columns, render_table, write_text_output
 from iox_planner.planner.nodes import QueryPlan
+from iox_planner.planner.serde import plan_to_json
 
 _SESSION: Any = None
 
@@ -73,7 +74,7 @@ def run_spark_submit(plan: QueryPlan, fmt: OutputFormat, output: Path | None, st
                      strategy: str | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="iox-run-") as tmp:
         plan_file = Path(tmp) / "plan.json"
-        plan_file.write_text(plan.to_json())
+        plan_file.write_text(plan_to_json(plan))
         to_print = fmt is OutputFormat.TABLE or output is None
         target = Path(tmp) / "result.arrow" if to_print else output
         assert target is not None

@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from iox_planner.catalog.store import Catalog, check_name, excerpt
+from iox_planner.catalog.names import check_name, excerpt
+from iox_planner.catalog.store import Catalog
 from iox_planner.errors import CatalogError
 from iox_planner.timeutil import format_time
 

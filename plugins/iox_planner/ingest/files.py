@@ -168,3 +168,12 @@ def read_chunk(path: Path, chunk_id: str) -> pa.Table:
         raise CatalogError(f"chunk {chunk_id}: its file {path} is missing from the warehouse") from err
     except (pa.ArrowInvalid, OSError) as err:
         raise CatalogError(f"chunk {chunk_id}: its file {path} cannot be read as Parquet ({err})") from err
+
+
+def partition_sort_key(
+    fixed: Sequence[str] | None, columns: Mapping[str, ColumnType], data: pa.Table
+) -> list[str]:
+    """The partition's sort key after persisting `data`: fixed at the first persist, later tags before time."""
+    if fixed is None:
+        return derive_sort_key(data, columns)
+    return extend_sort_key(fixed, columns, data)

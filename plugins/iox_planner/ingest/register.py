@@ -1,235 +1,29 @@
-"""What a scheduled or triggered run records in the catalog, and how a result becomes a catalog table.
-
-- **Query runs**: one `iox_query_run` row per run (per Airflow DAG run: a rerun updates its row), holding params,
-  plan, output, row count, duration and status.
-- **Run locks**, keyed by (definition, interval): a run takes the lock when it plans and checks it in the
-  transaction that publishes, so two runs of one interval can never both publish.
-- **Registering a result as a table** (`register_interval`): the rows are written a second time through the
-  catalog's own write path (catalog layout, int64 ns `time`, one partition per UTC day, sorted duplicate-free
-  Parquet files) and replace that interval's earlier files of the table, so rerunning an interval is idempotent
-  and a rollup of a rollup plans and runs like a query over any other table.
-- **Persist candidates**: partitions whose ingester chunks pile up.
+"""How a result becomes a catalog table (`register_interval`): the rows are written a second time through the
+catalog's own write path (catalog layout, int64 ns `time`, one partition per UTC day, sorted duplicate-free
+Parquet files) and replace that interval's earlier files of the table, so rerunning an interval is idempotent
+and a rollup of a rollup plans and runs like a query over any other table.
 
 Imports neither Airflow nor Spark: the DAGs call these functions, the tests call them against a real Postgres.
 """
 
 from __future__ import annotations
 
-import contextlib
-import enum
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
 
-from iox_planner.ingest import files as storage
-from iox_planner.catalog.store import Catalog, ChunkRow, databases, ingester_chunks, partitions, query_runs, tables
+from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError
-from iox_planner.ingest.write import _Staged, chunk_path
+from iox_planner.ingest import files as storage
+from iox_planner.ingest.write import Staged, chunk_path
 from iox_planner.model import LOCAL_STORE, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, check_range, format_time, partition_bounds, partition_of
-
-_metadata = sa.MetaData()
-# Defined here rather than in catalog.py's metadata so this module stays self-contained (migration 0002).
-run_locks = sa.Table(
-    "iox_run_lock", _metadata,
-    sa.Column("definition", sa.Text, primary_key=True),
-    sa.Column("interval_start", sa.BigInteger, primary_key=True),
-    sa.Column("interval_end", sa.BigInteger, primary_key=True),
-    sa.Column("holder", sa.Text, nullable=False),
-    sa.Column("query_run_id", sa.BigInteger),
-    sa.Column("acquired_at", sa.DateTime(timezone=True)),
-    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
-)
-
-
-class RunStatus(str, enum.Enum):
-    RUNNING = "running"
-    SUCCESS = "success"
-    FAILED = "failed"
-
-
-@contextlib.contextmanager
-def _transaction(catalog: Catalog, conn: Connection | None) -> Iterator[Connection]:
-    """The caller's transaction if it passes one, else a transaction of our own."""
-    if conn is not None:
-        yield conn
-        return
-    with catalog.engine.begin() as own:
-        yield own
-
-
-# --- query runs ------------------------------------------------------------------------------------------------
-
-
-def start_run(
-    catalog: Catalog,
-    *,
-    database: str,
-    params: Mapping[str, Any],
-    dag_id: str | None = None,
-    run_id: str | None = None,
-    definition: str | None = None,
-    interval: tuple[int | None, int | None] = (None, None),
-    output: str | None = None,
-    conn: Connection | None = None,
-) -> int:
-    """Record a run as `running` and return its id. The same (dag_id, run_id) again (a retry or a rerun of that
-    DAG run) resets and reuses its row."""
-    values: dict[str, Any] = dict(
-        database_name=database, definition=definition, dag_id=dag_id, run_id=run_id, interval_start=interval[0],
-        interval_end=interval[1], params=_jsonable(params), plan=None, output=output, row_count=None,
-        status=RunStatus.RUNNING.value, error=None, started_at=sa.func.now(), finished_at=None, duration_s=None,
-    )
-    insert = pg.insert(query_runs).values(**values)
-    with _transaction(catalog, conn) as c:
-        if dag_id is None:
-            return int(c.execute(insert.returning(query_runs.c.id)).scalar_one())
-        upsert = insert.on_conflict_do_update(
-            index_elements=[query_runs.c.dag_id, query_runs.c.run_id],
-            index_where=query_runs.c.dag_id.is_not(None),
-            set_={k: insert.excluded[k] for k in values if k not in ("dag_id", "run_id")},
-        )
-        return int(c.execute(upsert.returning(query_runs.c.id)).scalar_one())
-
-
-def record_plan(catalog: Catalog, run: int, plan: Mapping[str, Any], *, conn: Connection | None = None) -> None:
-    with _transaction(catalog, conn) as c:
-        c.execute(query_runs.update().where(query_runs.c.id == run).values(plan=_jsonable(plan)))
-
-
-def finish_run(
-    catalog: Catalog,
-    run: int,
-    status: RunStatus,
-    *,
-    row_count: int | None = None,
-    error: str | None = None,
-    conn: Connection | None = None,
-) -> None:
-    """Mark a run finished. A failure keeps the first error recorded (the most specific one: the plan task's, or
-    the Spark job's), so a later, vaguer report does not overwrite it."""
-    if status is RunStatus.RUNNING:
-        raise ValueError("finish_run needs a final status")
-    done = sa.func.clock_timestamp()
-    values: dict[str, Any] = dict(
-        status=status.value, finished_at=done,
-        duration_s=sa.func.extract("epoch", done - query_runs.c.started_at),
-    )
-    if status is RunStatus.SUCCESS:
-        values.update(row_count=row_count, error=None)
-    else:
-        values["error"] = sa.func.coalesce(query_runs.c.error, error)
-    with _transaction(catalog, conn) as c:
-        c.execute(query_runs.update().where(query_runs.c.id == run).values(**values))
-
-
-def get_run(catalog: Catalog, run: int) -> dict[str, Any] | None:
-    with catalog.engine.connect() as conn:
-        row = conn.execute(sa.select(query_runs).where(query_runs.c.id == run)).mappings().one_or_none()
-    return dict(row) if row is not None else None
-
-
-def _jsonable(value: Mapping[str, Any]) -> dict[str, Any]:
-    """A JSON round trip: what JSONB will hold, and an early, clear error for what it cannot."""
-    try:
-        result: dict[str, Any] = json.loads(json.dumps(dict(value), default=str))
-    except (TypeError, ValueError) as err:
-        raise BadInputError(f"run parameters cannot be stored as JSON: {err}") from err
-    return result
-
-
-# --- run locks ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunKey:
-    """What a run lock protects: one definition's (or output's) half-open interval, in ns."""
-
-    definition: str
-    interval_start: int
-    interval_end: int
-
-    def __post_init__(self) -> None:
-        if not self.definition:
-            raise ValueError("a run key needs a definition")
-        check_range(self.interval_start, self.interval_end)
-
-    def describe(self) -> str:
-        return f"{self.definition} [{format_time(self.interval_start)}, {format_time(self.interval_end)})"
-
-    def _where(self) -> sa.ColumnElement[bool]:
-        return sa.and_(run_locks.c.definition == self.definition,
-                       run_locks.c.interval_start == self.interval_start,
-                       run_locks.c.interval_end == self.interval_end)
-
-
-_ACQUIRE = sa.text("""
-    INSERT INTO iox_run_lock AS l (definition, interval_start, interval_end, holder, query_run_id, expires_at)
-    VALUES (:definition, :start, :end, :holder, :run, now() + make_interval(secs => :ttl))
-    ON CONFLICT (definition, interval_start, interval_end) DO UPDATE
-    SET holder = EXCLUDED.holder, query_run_id = EXCLUDED.query_run_id, acquired_at = now(),
-        expires_at = EXCLUDED.expires_at
-    WHERE l.holder = EXCLUDED.holder
-       OR l.expires_at < now()
-       OR NOT EXISTS (SELECT 1 FROM iox_query_run r WHERE r.id = l.query_run_id AND r.status = 'running')
-    RETURNING holder
-""")
-
-
-def acquire_lock(
-    catalog: Catalog, key: RunKey, holder: str, *, query_run: int | None, ttl_seconds: float,
-    conn: Connection | None = None,
-) -> None:
-    """Take the lock on `key` for `holder`, or fail naming who holds it. The same holder may take it again (a
-    retry); another holder's lock is taken over only when it expired or its query run is no longer running."""
-    with _transaction(catalog, conn) as c:
-        got = c.execute(_ACQUIRE.bindparams(
-            definition=key.definition, start=key.interval_start, end=key.interval_end, holder=holder,
-            run=query_run, ttl=float(ttl_seconds))).scalar_one_or_none()
-        if got is not None:
-            return
-        row = c.execute(sa.select(run_locks.c.holder, run_locks.c.acquired_at, run_locks.c.expires_at)
-                        .where(key._where())).one_or_none()
-    if row is None:  # released between our insert and our look: another attempt will get it
-        raise CatalogError(f"could not lock {key.describe()} for {holder}; retry the run")
-    raise CatalogError(
-        f"{key.describe()} is being computed by {row.holder} (since {row.acquired_at:%Y-%m-%dT%H:%M:%SZ}); two "
-        f"runs of one interval must not both publish, so {holder} stops here with nothing published. Retry "
-        f"once that run has finished (its lock expires at {row.expires_at:%Y-%m-%dT%H:%M:%SZ} if it died)"
-    )
-
-
-def check_lock(conn: Connection, key: RunKey, holder: str) -> None:
-    """Inside the publishing transaction: `holder` must still hold `key`. The row stays locked until that
-    transaction ends, so nobody takes the lock over while we publish."""
-    row = conn.execute(sa.select(run_locks.c.holder).where(key._where()).with_for_update()).one_or_none()
-    if row is None or row.holder != holder:
-        who = "nobody" if row is None else row.holder
-        raise CatalogError(
-            f"{holder} no longer holds the lock on {key.describe()} (held by {who}: it expired and another run "
-            "took it over); nothing was published, the other run publishes this interval"
-        )
-
-
-def release_lock(catalog: Catalog, key: RunKey, holder: str, *, conn: Connection | None = None) -> bool:
-    """Release `key` if `holder` holds it. Returns whether it did."""
-    with _transaction(catalog, conn) as c:
-        result = c.execute(run_locks.delete().where(key._where(), run_locks.c.holder == holder))
-        return bool(result.rowcount)
-
-
-def lock_holder(catalog: Catalog, key: RunKey) -> str | None:
-    with catalog.engine.connect() as conn:
-        return conn.execute(sa.select(run_locks.c.holder).where(key._where())).scalar_one_or_none()
 
 
 # --- registering a result as a catalog table ----------------------------------------------------------------------
@@ -369,14 +163,14 @@ def register_interval(
         )
     root = warehouse or default_warehouse()
     if conn is None:
-        staged = _Staged(root)
+        staged = Staged(root)
         try:
             with catalog.engine.begin() as own:
                 return _register(catalog, own, staged, db, table, data, columns, start, end)
         except BaseException:
             staged.rollback()
             raise
-    staged = _Staged(root)
+    staged = Staged(root)
     try:
         result = _register(catalog, conn, staged, db, table, data, columns, start, end)
     except BaseException:
@@ -388,7 +182,7 @@ def register_interval(
 
 
 def _register(
-    catalog: Catalog, conn: Connection, staged: _Staged, db: str, table: str, data: pa.Table,
+    catalog: Catalog, conn: Connection, staged: Staged, db: str, table: str, data: pa.Table,
     columns: Mapping[str, ColumnType], start: int, end: int,
 ) -> RegisterResult:
     root = staged.root
@@ -453,7 +247,7 @@ def _register(
 
 
 def _trim(
-    catalog: Catalog, conn: Connection, staged: _Staged, db_id: int, chunk: ChunkRow,
+    catalog: Catalog, conn: Connection, staged: Staged, db_id: int, chunk: ChunkRow,
     table_columns: Mapping[str, ColumnType], start: int, end: int,
 ) -> None:
     """Rewrite a chunk that reaches outside the interval without the interval's rows (same kind, order and sort
@@ -483,44 +277,3 @@ def _trim(
     catalog.insert_chunk(conn, chunk.kind, values)
 
 
-# --- persisting on a schedule ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PileUp:
-    """A partition holding at least the threshold's number of live ingester chunks."""
-
-    db: str
-    table: str
-    partition: str
-    chunks: int
-
-
-def piled_up_partitions(catalog: Catalog, threshold: int, only: Sequence[str] = ()) -> list[PileUp]:
-    """Partitions whose live ingester chunks number `threshold` or more, in the databases `only` names (default:
-    every database)."""
-    if threshold < 1:
-        raise BadInputError(f"the persist threshold must be at least 1 chunk, not {threshold}")
-    count = sa.func.count().label("chunks")
-    query = (
-        sa.select(databases.c.name.label("db"), tables.c.name.label("table_name"), partitions.c.partition_key, count)
-        .select_from(ingester_chunks)
-        .join(tables, ingester_chunks.c.table_id == tables.c.id)
-        .join(databases, tables.c.database_id == databases.c.id)
-        .join(partitions, ingester_chunks.c.partition_id == partitions.c.id)
-        .where(ingester_chunks.c.to_delete.is_(None))
-        .where(databases.c.name.in_(list(only)) if only else sa.true())
-        .group_by(databases.c.name, tables.c.name, partitions.c.partition_key)
-        .having(count >= threshold)
-        .order_by(databases.c.name, tables.c.name, partitions.c.partition_key)
-    )
-    with catalog.engine.connect() as conn:
-        return [PileUp(r.db, r.table_name, r.partition_key, int(r.chunks)) for r in conn.execute(query)]
-
-
-def tables_to_persist(piles: Sequence[PileUp]) -> list[tuple[str, str]]:
-    """The (db, table) pairs to persist, each once, in order."""
-    seen: dict[tuple[str, str], None] = {}
-    for pile in piles:
-        seen.setdefault((pile.db, pile.table), None)
-    return list(seen)

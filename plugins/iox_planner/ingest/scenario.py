@@ -389,7 +389,7 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
     count on from the highest order it holds, and the catalog's order sequence moves past what was loaded.
     """
     from iox_planner.ingest import write as ingest
-    from iox_planner.catalog.store import check_db_name
+    from iox_planner.catalog.names import check_db_name
     from iox_planner.config import warehouse as default_warehouse
 
     name = db or scenario.db
@@ -403,7 +403,7 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
             "data to load; such scenarios are for `iox-batch explain --chunks`"
         )
     root = warehouse or default_warehouse()
-    staged = ingest._Staged(root)
+    staged = ingest.Staged(root)
     loaded: list[LoadedChunk] = []
     try:
         with catalog.engine.begin() as conn:

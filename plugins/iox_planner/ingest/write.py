@@ -1,5 +1,5 @@
-"""Writes and persists: line protocol becomes ingester chunks; ingester chunks become sorted, deduplicated
-Parquet files. Files are written before their catalog rows commit and removed again if the commit fails, so a
+"""Writes: line protocol (or an Arrow table) becomes ingester chunks; persist.py turns them into Parquet files.
+Files are written before their catalog rows commit and removed again if the commit fails, so a
 failed command leaves catalog and warehouse as they were."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,15 +17,13 @@ import pyarrow.compute as pc
 from sqlalchemy.engine import Connection
 
 from iox_planner.ingest import files as storage
-from iox_planner.catalog.store import MAX_WRITE_POSITION, Catalog, ChunkRow, check_db_name, check_name, excerpt
+from iox_planner.catalog.names import check_db_name
+from iox_planner.catalog.store import MAX_WRITE_POSITION, Catalog
 from iox_planner.config import warehouse as default_warehouse
-from iox_planner.errors import BadInputError, CatalogError
+from iox_planner.errors import BadInputError
 from iox_planner.ingest.lineprotocol import LineError, Point, Precision, decode_utf8, describe_errors, parse
 from iox_planner.model import LOCAL_STORE, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, now_ns, partition_of
-
-DEFAULT_GRACE_SECONDS = 3600.0
-
 
 @dataclass(frozen=True)
 class WrittenChunk:
@@ -53,7 +51,7 @@ def _errors_paragraph(errors: Sequence[LineError], what: str) -> str:
 
 
 @dataclass
-class _Staged:
+class Staged:
     """Files written during a command, removed if the catalog transaction does not commit."""
 
     root: Path
@@ -115,7 +113,7 @@ def write_points(
     store: str = LOCAL_STORE,
     accept_partial: bool = False,
     conn: Connection | None = None,
-    staged: _Staged | None = None,
+    staged: Staged | None = None,
     warehouse: Path | None = None,
 ) -> WriteResult:
     """Store points as one chunk per (table, partition) and register them in one transaction.
@@ -126,7 +124,7 @@ def write_points(
     """
     root = warehouse or default_warehouse()
     if conn is None:
-        own_staged = _Staged(root)
+        own_staged = Staged(root)
         try:
             with catalog.engine.begin() as own:
                 return write_points(catalog, db, points, orders=orders, labels=labels, kind=kind,
@@ -165,7 +163,7 @@ def write_points(
 def store_chunk(
     catalog: Catalog,
     conn: Connection,
-    staged: _Staged,
+    staged: Staged,
     db_id: int,
     table_name: str,
     partition_key: str,
@@ -233,7 +231,7 @@ def write_table(
     transaction. For ingester chunks `data` must carry `__seq`; Parquet chunks are deduplicated and sorted."""
     import numpy as np
 
-    staged = _Staged(warehouse or default_warehouse())
+    staged = Staged(warehouse or default_warehouse())
     try:
         with catalog.engine.begin() as conn:
             db_id = catalog.ensure_database(conn, db)
@@ -260,7 +258,7 @@ def _as_persisted(
     """Deduplicate and sort a chunk as persist would; fix or extend the partition's sort key on the way."""
     deduped = storage.deduplicate([(0, data)], columns)
     fixed = catalog.lock_partition(conn, partition_id)
-    partition_key = _partition_sort_key(fixed, columns, deduped)
+    partition_key = storage.partition_sort_key(fixed, columns, deduped)
     if list(partition_key) != list(fixed or []):
         catalog.set_sort_key(conn, partition_id, partition_key)
     if override:
@@ -271,15 +269,6 @@ def _as_persisted(
     else:
         file_key = [c for c in partition_key if c in columns]
     return storage.sort_table(deduped, file_key), file_key
-
-
-def _partition_sort_key(
-    fixed: Sequence[str] | None, columns: Mapping[str, ColumnType], data: pa.Table
-) -> list[str]:
-    """The partition's sort key after persisting `data`: fixed at the first persist, later tags before time."""
-    if fixed is None:
-        return storage.derive_sort_key(data, columns)
-    return storage.extend_sort_key(fixed, columns, data)
 
 
 def write_line_protocol(
@@ -303,135 +292,6 @@ def write_line_protocol(
         raise BadInputError(f"nothing to write: {source} holds no line protocol points")
     written = write_points(catalog, db, result.points, accept_partial=accept_partial)
     return WriteResult(written.chunks, tuple(sorted([*result.errors, *written.rejected], key=lambda e: e.line)))
-
-
-# --- persist -------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PersistResult:
-    table: str
-    partition: str
-    chunks_in: int
-    rows_in: int
-    rows_out: int
-    file_id: str
-    order: int
-
-
-def persist(
-    catalog: Catalog,
-    db: str,
-    *,
-    table: str | None = None,
-    warehouse: Path | None = None,
-    grace_seconds: float | None = None,
-    after_read: Callable[[], None] | None = None,
-) -> list[PersistResult]:
-    """Turn each partition's ingester chunks into one deduplicated Parquet file sorted on the partition sort key.
-
-    Per partition, in one transaction: lock the partition (another persist waits; writes go on), read its live
-    ingester chunks, merge them, write the file, register it and retire exactly the chunks read. A write landing
-    meanwhile is a chunk this persist did not read, so it stays. Retired files are deleted after a grace period.
-    """
-    root = warehouse or default_warehouse()
-    if table is not None:
-        check_name(table, "table name")
-    with catalog.engine.connect() as conn:
-        db_id = catalog.database_id(conn, db)
-        if table is not None and table not in catalog.table_ids(conn, db_id):
-            known = ", ".join(sorted(catalog.table_ids(conn, db_id))) or "none"
-            raise CatalogError(f"table {excerpt(table)} does not exist in database {db!r} (tables: {known})")
-        rows = catalog.chunk_rows(conn, db_id, table=table)
-    by_partition: dict[int, list[ChunkRow]] = defaultdict(list)
-    for row in rows:
-        by_partition[row.partition_id].append(row)
-    targets = [pid for pid, chunks in by_partition.items() if any(c.kind is ChunkKind.INGESTER for c in chunks)]
-    # Refuse up front, before changing anything, where merging would reorder writes.
-    for pid in targets:
-        _check_mergeable(by_partition[pid])
-    results = []
-    for pid in sorted(targets, key=lambda p: (by_partition[p][0].table, by_partition[p][0].partition)):
-        result = _persist_partition(catalog, db_id, pid, root, after_read)
-        if result is not None:
-            results.append(result)
-    collect_garbage(catalog, root, DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds)
-    return results
-
-
-def _check_mergeable(chunks: Sequence[ChunkRow]) -> None:
-    ingester = [c for c in chunks if c.kind is ChunkKind.INGESTER]
-    parquet = [c for c in chunks if c.kind is ChunkKind.PARQUET]
-    if not ingester or not parquet:
-        return
-    oldest = min(ingester, key=lambda c: c.order)
-    newest_file = max(parquet, key=lambda c: c.order)
-    if oldest.order < newest_file.order:
-        raise CatalogError(
-            f"cannot persist {oldest.table} partition {oldest.partition}: ingester chunk {oldest.display_id} "
-            f"(order {oldest.order}) is older than Parquet file {newest_file.display_id} (order "
-            f"{newest_file.order}); merging it into a new file would let it override newer data. This can only "
-            "come from a scenario file: give the ingester chunks higher orders than the Parquet files"
-        )
-
-
-def _persist_partition(
-    catalog: Catalog, db_id: int, partition_id: int, root: Path, after_read: Callable[[], None] | None
-) -> PersistResult | None:
-    staged = _Staged(root)
-    try:
-        with catalog.engine.begin() as conn:
-            fixed_key = catalog.lock_partition(conn, partition_id)
-            chunks = catalog.chunk_rows(conn, db_id, partition_id=partition_id)
-            _check_mergeable(chunks)
-            ingester = [c for c in chunks if c.kind is ChunkKind.INGESTER]
-            if not ingester:
-                return None
-            if after_read is not None:
-                after_read()
-            first = ingester[0]
-            table_columns = catalog.table_columns(conn, first.table_id)
-            parts = [(c.order, storage.read_chunk(root / c.path, c.display_id)) for c in ingester]
-            columns = {name: table_columns[name] for c in ingester for name in c.column_names}
-            merged = storage.deduplicate(parts, columns)
-            key = _partition_sort_key(fixed_key, columns, merged)
-            if list(key) != list(fixed_key or []):
-                catalog.set_sort_key(conn, partition_id, key)
-            file_key = [c for c in key if c in columns]
-            merged = storage.sort_table(merged, file_key)
-            rel = chunk_path(db_id, first.table_id, partition_id)
-            staged.paths.append(root / rel)
-            size = storage.write_parquet_atomic(merged, root / rel, metadata={"iox.kind": "parquet"})
-            order = max(c.order for c in ingester)
-            mm = pc.min_max(merged[TIME]).as_py()
-            file_id = catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(
-                object_id=Path(rel).stem, label=None, table_id=first.table_id, partition_id=partition_id,
-                store=LOCAL_STORE, path=rel, min_time=mm["min"], max_time=mm["max"], row_count=merged.num_rows,
-                file_size=size, column_names=storage.column_layout(columns),
-                tag_ranges={k: list(v) for k, v in storage.tag_ranges(merged, columns).items()},
-                chunk_order=order, sort_key=file_key,
-            ))
-            catalog.retire_chunks(conn, ChunkKind.INGESTER, [c.id for c in ingester])
-            return PersistResult(first.table, first.partition, len(ingester), sum(c.row_count for c in ingester),
-                                 merged.num_rows, f"P{file_id}", order)
-    except BaseException:
-        staged.rollback()
-        raise
-
-
-def collect_garbage(catalog: Catalog, root: Path, grace_seconds: float) -> int:
-    """Delete files retired longer ago than the grace period, then their rows. Returns how many."""
-    with catalog.engine.begin() as conn:
-        expired = catalog.expired_chunks(conn, grace_seconds)
-        for kind in ChunkKind:
-            ids = [cid for k, cid, _, _ in expired if k is kind]
-            if ids:
-                catalog.delete_chunk_rows(conn, kind, ids)
-    # Rows go first: a crash between the two leaves an orphan file, never a row naming a missing file.
-    for _, _, store, path in expired:
-        if store == LOCAL_STORE:
-            (root / path).unlink(missing_ok=True)
-    return len(expired)
 
 
 def read_input(source: str) -> tuple[str, str]:

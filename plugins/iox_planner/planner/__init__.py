@@ -1,7 +1,7 @@
 """The IOx query planner: SQL and chunk metadata in, an optimized IOx-style physical plan out.
 
 Imports neither Spark nor Airflow. `plan_query` plans, `render` shows a plan as EXPLAIN tree text, seed 000's
-YAML or the plan JSON the Spark job executes (`QueryPlan.from_json` reads it back).
+YAML or the plan JSON the Spark job executes (`serde.plan_from_json` reads it back).
 """
 
 from __future__ import annotations

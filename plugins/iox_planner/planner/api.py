@@ -19,6 +19,7 @@ from iox_planner.planner.nodes import PlanNode, QueryPlan, ScanInfo, ScanPruning
 from iox_planner.planner.optimizer import optimize as run_passes
 from iox_planner.planner.predicate import Conjunct, column
 from iox_planner.planner.pruning import prune
+from iox_planner.planner.serde import plan_to_json
 from iox_planner.planner.settings import PlannerSettings
 from iox_planner.planner.sql import analyze
 
@@ -127,6 +128,6 @@ def render(plan: QueryPlan, fmt: Literal["tree", "yaml", "json"] = "tree") -> st
     if fmt == "yaml":
         return render_yaml(plan)
     if fmt == "json":
-        return plan.to_json() + "\n"
+        return plan_to_json(plan) + "\n"
     raise ValueError(f"unknown plan format {fmt!r}; use tree, yaml or json")
 

@@ -508,29 +508,6 @@ class QueryPlan:
                     raise InternalError(f"two different chunks share the id {chunk.id!r}")
         return out
 
-    def to_dict(self) -> dict[str, object]:
-        from iox_planner.planner.serde import plan_to_dict
-
-        return plan_to_dict(self)
-
-    def to_json(self) -> str:
-        import json
-
-        return json.dumps(self.to_dict(), indent=2)
-
-    @staticmethod
-    def from_json(data: str | Mapping[str, object]) -> QueryPlan:
-        import json
-
-        from iox_planner.planner.serde import plan_from_dict
-
-        return plan_from_dict(json.loads(data) if isinstance(data, str) else data)
-
-    def __str__(self) -> str:
-        from iox_planner.planner.explain import render_tree
-
-        return render_tree(self)
-
 
 QueryExec = QueryPlan
 

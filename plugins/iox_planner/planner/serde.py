@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Mapping, Sequence
 
 from iox_planner.errors import BadInputError
@@ -151,3 +152,13 @@ def plan_from_dict(d: Mapping[str, Any]) -> QueryPlan:
         )
     except (KeyError, TypeError, ValueError) as err:
         raise BadInputError(f"plan JSON is malformed: {type(err).__name__}: {err}") from err
+
+
+def plan_to_json(plan: QueryPlan) -> str:
+    """The plan JSON the Spark jobs execute (indented, so a staged plan file reads well)."""
+    return json.dumps(plan_to_dict(plan), indent=2)
+
+
+def plan_from_json(data: str | Mapping[str, Any]) -> QueryPlan:
+    """A plan back from its JSON text (or the parsed document)."""
+    return plan_from_dict(json.loads(data) if isinstance(data, str) else data)
