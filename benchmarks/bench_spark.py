@@ -108,7 +108,8 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=200)
 
-    from spark_jobs.executor import build_session, execute
+    from spark_jobs.execute import execute
+    from spark_jobs.session import build_session
 
     catalog = Catalog()
     catalog.require_schema()

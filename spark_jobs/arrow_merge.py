@@ -15,9 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from iox_planner.ingest.dedup import deduplicate_table
-from iox_planner.model import CHUNK_ORDER, TIME, WRITE_SEQ, ColumnType
+from iox_planner.model import CHUNK_ORDER, ORDER_SHIFT, TIME, WRITE_SEQ, ColumnType
 
-_ORDER_SHIFT = 32
 ARROW_TYPES: Mapping[str, pa.DataType] = {
     ColumnType.TAG.value: pa.string(),
     ColumnType.FLOAT.value: pa.float64(),
@@ -61,7 +60,7 @@ def read_group(files: Sequence[Sequence[Any]], columns: Sequence[str], types: Ma
             else:
                 arrays.append(pa.nulls(table.num_rows, arrow_type))
         tables.append(pa.Table.from_arrays(arrays, names=list(columns)))
-        base = np.int64(order) << np.int64(_ORDER_SHIFT)
+        base = np.int64(order) << np.int64(ORDER_SHIFT)
         if ingester:
             orders.append(base + table[WRITE_SEQ].to_numpy().astype(np.int64))
         else:

@@ -42,7 +42,7 @@ def run_part(spark: Any, plan: Any, args: argparse.Namespace) -> int:
     """Each scan's rows of this part, written aside and then moved into place (a retry starts from nothing)."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.executor import ScanBuilder
+    from spark_jobs.execute import ScanBuilder
 
     output = Path(args.output)
     tmp = output.with_name(f".{output.name}.tmp")
@@ -66,7 +66,8 @@ def run_merge(spark: Any, plan: Any, args: argparse.Namespace) -> int:
     from pyspark.sql import types as T
 
     from iox_planner.model import CHUNK_ORDER, TIME
-    from spark_jobs.executor import SPARK_TYPES, to_view
+    from spark_jobs.load import write_result
+    from spark_jobs.transform import SPARK_TYPES, to_view
 
     if not args.parts:
         raise SystemExit("merge needs --parts")
@@ -82,24 +83,7 @@ def run_merge(spark: Any, plan: Any, args: argparse.Namespace) -> int:
         to_view(df).createOrReplaceTempView(scan.view)
     params = dict(plan.params)
     result = spark.sql(plan.spark_sql, args=params) if params else spark.sql(plan.spark_sql)
-    return write_result(result, args.format, Path(args.output))
-
-
-def write_result(result: Any, fmt: str, output: Path) -> int:
-    """As spark_jobs/run_plan.py writes a result: a text or Parquet output, or an Arrow IPC file."""
-    from spark_jobs.executor import materialize, result_to_arrow
-
-    if fmt != "arrow":
-        return int(materialize(result, fmt, output, sys.stdout))
-    import pyarrow as pa
-
-    from iox_planner.output.formats import staged_file
-
-    table = result_to_arrow(result)
-    with staged_file(output) as tmp:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-    return int(table.num_rows)
+    return write_result(result, args.format, Path(args.output), sys.stdout)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ def run_job(plan_file: str, app: str, work: Callable[[Any, Any], int], metrics: 
     try:
         from iox_planner.planner.serde import plan_from_json
 
-        from spark_jobs.executor import build_session, spark_errors
+        from spark_jobs.errors import spark_errors
+        from spark_jobs.session import build_session
 
         plan = plan_from_json(Path(plan_file).read_text())
         spark = build_session(app=app)
@@ -53,21 +54,11 @@ def run_job(plan_file: str, app: str, work: Callable[[Any, Any], int], metrics: 
 
 
 def run(plan: Any, spark: Any, args: argparse.Namespace) -> int:
-    from spark_jobs.executor import execute, materialize, result_to_arrow
+    from spark_jobs.execute import execute
+    from spark_jobs.load import write_result
 
     execution = execute(spark, plan, Path(args.warehouse), strategy=args.strategy)
-    output = Path(args.output)
-    if args.format != "arrow":
-        return materialize(execution.result, args.format, output, sys.stdout)
-    import pyarrow as pa
-
-    from iox_planner.output.formats import staged_file
-
-    table = result_to_arrow(execution.result)
-    with staged_file(output) as tmp:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-    return int(table.num_rows)
+    return write_result(execution.result, args.format, Path(args.output), sys.stdout)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ from typing import Any, Sequence
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from iox_airflow.spark import SPARK_CONN_ID, ensure_spark_connection, spark_env
+from iox_planner.sparkconf import session_conf, spark_env
+
+from iox_airflow.spark import SPARK_CONN_ID, ensure_spark_connection
 
 _ERROR_LINE = re.compile(r"^error: (.+)$", re.MULTILINE)
 
@@ -24,7 +26,7 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
 
     `__init__` only stores arguments. At execute time the operator skips when it has no job (a merge step of a plan
     that was not split), derives `spark_default` from IOX_SPARK_MASTER, passes iox-batch's Spark settings
-    (`spark_jobs.executor.session_conf`, which includes IOX_SPARK_CONF) and removes whatever an earlier attempt
+    (`iox_planner.sparkconf.session_conf`, which includes IOX_SPARK_CONF) and removes whatever an earlier attempt
     left at the job's `--output` and `--metrics`, so a retry reruns cleanly. When the job fails, its one-paragraph
     `error: ...` is left beside its metrics file (`<metrics>.error`) for the commit step to record.
 
@@ -49,8 +51,6 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
             raise AirflowSkipException("no Spark job to run here (the plan was not split, so there is no merge)")
         args = [str(a) for a in self.application_args]
         ensure_spark_connection(self._conn_id)
-        from spark_jobs.executor import session_conf
-
         conf = {**session_conf(), **(self.conf or {})}
         if self.fast_start is True:
             key = "spark.driver.extraJavaOptions"

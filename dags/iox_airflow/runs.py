@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any, Mapping, NoReturn
 
 from iox_planner.errors import BadInputError, IoxError
+from iox_planner.sparkconf import jobs_dir
 from iox_planner.timeutil import format_time
 
 from iox_airflow.query_request import QueryRequest, ResultFormat
 from iox_airflow.settings import AirflowSettings
 
 # Every Spark job lives in spark_jobs/ (beside run_plan.py): the DAGs submit files, they hold no Spark code.
-JOBS_DIR = Path(__file__).resolve().parents[2] / "spark_jobs"
-PARTS_JOB = JOBS_DIR / "run_parts.py"
+PARTS_JOB = jobs_dir() / "run_parts.py"
 
 
 class RunFailed(Exception):
@@ -180,7 +180,7 @@ def _spark_jobs(query_plan: Any, request: QueryRequest, staging: Staging,
     parts = split_plan(query_plan, request.max_spark_jobs or settings.max_spark_jobs)
     if not parts:
         return [{
-            "application": str(JOBS_DIR / "run_plan.py"),
+            "application": str(jobs_dir() / "run_plan.py"),
             "application_args": ["--plan", str(staging.plan_file), "--warehouse", wh, "--format", fmt,
                                  "--output", result, "--metrics", str(staging.metrics)],
             "fast_start": _rows(query_plan) <= settings.spark_fast_start_rows,

@@ -16,6 +16,33 @@ WRITE_SEQ = "__seq"
 
 TIME = "time"
 
+# --- the one place for names iox-batch adds to what Spark sees, and for the chunk-order packing ---------------------
+
+TIME_NS = "__time_ns"
+"""The view column holding a row's exact `time` in int64 nanoseconds (next to `time` as a microsecond TIMESTAMP)."""
+VIEW_PREFIX = "__iox_scan_"
+"""Each scan tree is registered as the view `__iox_scan_<k>`."""
+NS_PREFIX = "__iox_ns_"
+"""A top-level result column `__iox_ns_<name>` holds the exact nanoseconds of the time column `<name>`."""
+HIDDEN_PREFIX = "__iox_tns_"
+"""A hidden item a subquery or CTE passes the nanoseconds of one of its time columns through as."""
+INTERNAL_PREFIX = "__iox_"
+"""Every name iox-batch adds to the SQL Spark runs starts so (views, nanosecond helpers), or is one of
+`INTERNAL_NAMES`; a user's query may use none of them, in any spelling."""
+INTERNAL_NAMES = frozenset({TIME_NS, CHUNK_ORDER, WRITE_SEQ})
+
+ORDER_SHIFT = 32
+"""`__chunk_order` = chunk order << 32 | write position: one int64 keeps Spark's dedup aggregation hashed."""
+MAX_ORDER = 2**31 - 1
+"""The highest chunk order: packed with ORDER_SHIFT it stays a positive int64."""
+MAX_WRITE_POSITION = 2**32 - 1
+"""The highest write position inside an ingester chunk (the low 32 bits of the packing)."""
+
+
+def pack_order(order: int, position: int = 0) -> int:
+    """The `__chunk_order` value of row `position` of a chunk of order `order` (later wins in the dedup)."""
+    return (order << ORDER_SHIFT) | position
+
 
 class ColumnType(str, enum.Enum):
     TAG = "tag"

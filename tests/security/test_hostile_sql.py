@@ -616,7 +616,7 @@ def test_a_spark_error_keeps_its_class_and_drops_the_plan(spark: Any, catalog: A
 
 
 def test_no_configuration_turns_variable_substitution_back_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    from spark_jobs.executor import session_conf
+    from iox_planner.sparkconf import session_conf
 
     monkeypatch.setenv("IOX_SPARK_CONF", "spark.sql.variable.substitute=true")
     assert session_conf()["spark.sql.variable.substitute"] == "false"

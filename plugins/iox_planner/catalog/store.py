@@ -17,13 +17,9 @@ from iox_planner.catalog.localpg import catalog_url
 from iox_planner.catalog.names import check_db_name
 from iox_planner.config import project_root
 from iox_planner.errors import BadInputError, CatalogError
-from iox_planner.model import Chunk, ChunkKind, ColumnType, TableSchema
+from iox_planner.model import MAX_ORDER, Chunk, ChunkKind, ColumnType, TableSchema
 from iox_planner.timeutil import NS_PER_DAY
 
-MAX_ORDER = 2**31 - 1
-"""The highest chunk order: the Spark executor packs (order << 32) | write position into one int64."""
-MAX_WRITE_POSITION = 2**32 - 1
-"""The highest write position inside one ingester chunk (the low 32 bits of that packing)."""
 MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _MIGRATION_LOCK = 0x10C5_BA7C  # advisory lock id: one migrator at a time
 

@@ -5,24 +5,19 @@ Imported only by commands that run queries: everything else stays free of Spark.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
-from iox_planner.config import project_root, warehouse
+from iox_planner.config import warehouse
 from iox_planner.errors import BadInputError, IoxError
 from iox_planner.output.formats import OutputFormat, finish_columns, render_table, write_text_output
 from iox_planner.planner.nodes import QueryPlan
 from iox_planner.planner.serde import plan_to_json
+from iox_planner.sparkconf import spark_env, spark_master, spark_submit_command
 
 _SESSION: Any = None
-
-
-def spark_master() -> str:
-    return os.environ.get("IOX_SPARK_MASTER") or "local[*]"
 
 
 def session() -> Any:
@@ -30,7 +25,7 @@ def session() -> Any:
     the user's terminal: errors come back as exceptions and are reported as iox-batch errors."""
     global _SESSION
     if _SESSION is None:
-        from spark_jobs.executor import build_session
+        from spark_jobs.session import build_session
 
         from iox_planner.config import state_dir
 
@@ -48,26 +43,21 @@ def session() -> Any:
 
 def run_in_process(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO,
                    strategy: str | None = None) -> int:
-    from spark_jobs.executor import execute, materialize, spark_errors
+    from spark_jobs.errors import spark_errors
+    from spark_jobs.execute import execute
+    from spark_jobs.load import write_result
 
     with spark_errors(plan):
         execution = execute(session(), plan, warehouse(), strategy=strategy)
-        return materialize(execution.result, fmt.value, output, stdout)
+        return write_result(execution.result, fmt.value, output, stdout)
 
 
-def spark_submit_command(plan_file: Path, fmt: str, output: Path, strategy: str | None = None) -> list[str]:
-    """The spark-submit invocation for a plan file (the Airflow DAGs build the same through SparkSubmitOperator)."""
-    from spark_jobs.executor import session_conf
-
-    submit = shutil.which("spark-submit") or str(Path(sys.executable).parent / "spark-submit")
-    cmd = [submit, "--master", spark_master()]
-    for key, value in session_conf().items():
-        cmd += ["--conf", f"{key}={value}"]
-    cmd += [str(project_root() / "spark_jobs" / "run_plan.py"), "--plan", str(plan_file),
-            "--warehouse", str(warehouse()), "--format", fmt, "--output", str(output)]
+def run_plan_command(plan_file: Path, fmt: str, output: Path, strategy: str | None = None) -> list[str]:
+    """The spark-submit invocation of run_plan.py for a plan file."""
+    args = ["--plan", str(plan_file), "--warehouse", str(warehouse()), "--format", fmt, "--output", str(output)]
     if strategy is not None:
-        cmd += ["--strategy", strategy]
-    return cmd
+        args += ["--strategy", strategy]
+    return spark_submit_command("run_plan.py", args)
 
 
 def run_spark_submit(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO,
@@ -78,11 +68,9 @@ def run_spark_submit(plan: QueryPlan, fmt: OutputFormat, output: Path | None, st
         to_print = fmt is OutputFormat.TABLE or output is None
         target = Path(tmp) / "result.arrow" if to_print else output
         assert target is not None
-        env = {**os.environ, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
-               "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
-               "PYTHONPATH": os.pathsep.join([str(project_root()), os.environ.get("PYTHONPATH", "")])}
+        env = {**os.environ, **spark_env()}
         done = subprocess.run(
-            spark_submit_command(plan_file, "arrow" if to_print else fmt.value, target, strategy),
+            run_plan_command(plan_file, "arrow" if to_print else fmt.value, target, strategy),
             capture_output=True, text=True, env=env,
         )
         if done.returncode != 0:
@@ -127,7 +115,8 @@ def analyze(plan: QueryPlan) -> str:
     """EXPLAIN ANALYZE: run the plan node by node and show each node's metrics in the tree."""
     import time
 
-    from spark_jobs.executor import execute, spark_errors
+    from spark_jobs.errors import spark_errors
+    from spark_jobs.execute import execute
 
     from iox_planner.planner.explain import render_tree
     from iox_planner.planner.nodes import DeduplicateExec, PlanNode

@@ -12,11 +12,9 @@ import yaml
 
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.lineprotocol import Point, parse
-from iox_planner.model import LOCAL_STORE, TIME, Chunk, ChunkKind, ColumnType, StaticSource
+from iox_planner.model import LOCAL_STORE, MAX_ORDER, TIME, Chunk, ChunkKind, ColumnType, StaticSource
 from iox_planner.timeutil import now_ns, partition_bounds, partition_of
 
-MAX_ORDER = 2**31 - 1
-"""Orders stay below 2^31: the executor packs (order << 32) | write position into one int64 (catalog.MAX_ORDER)."""
 
 # Limits on a scenario file, so a hostile one fails fast instead of exhausting memory. Scenarios are hand-written
 # test and demo data: these are far above any real one. Each can be raised by its environment variable.

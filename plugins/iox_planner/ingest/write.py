@@ -18,11 +18,11 @@ from sqlalchemy.engine import Connection
 
 from iox_planner.ingest import files as storage
 from iox_planner.catalog.names import check_db_name
-from iox_planner.catalog.store import MAX_WRITE_POSITION, Catalog
+from iox_planner.catalog.store import Catalog
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.lineprotocol import LineError, Point, Precision, decode_utf8, describe_errors, parse
-from iox_planner.model import LOCAL_STORE, TIME, ChunkKind, ColumnType
+from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, now_ns, partition_of
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from typing import Any, Iterator, TextIO
 import pyarrow as pa
 
 from iox_planner.errors import BadInputError
+from iox_planner.model import NS_PREFIX
 from iox_planner.timeutil import format_time
 
-NS_PREFIX = "__iox_ns_"
 
 
 class OutputFormat(str, Enum):

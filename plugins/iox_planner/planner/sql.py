@@ -37,25 +37,17 @@ from sqlglot.schema import MappingSchema
 from sqlglot.tokenizer_core import Token, TokenType
 
 from iox_planner.errors import BadInputError, BadQueryError, UnsupportedError
-from iox_planner.model import CHUNK_ORDER, TIME, WRITE_SEQ, ColumnType, TableSchema
+from iox_planner.model import (
+    HIDDEN_PREFIX, INTERNAL_NAMES, INTERNAL_PREFIX, NS_PREFIX, TIME, TIME_NS, VIEW_PREFIX,
+    ColumnType, TableSchema,
+)
 from iox_planner.planner.functions import ALLOWED, HINTS, REFUSED, SYNTAX
 from iox_planner.planner.limits import SqlLimits, check_size, check_text, depth_error, nodes_error
 from iox_planner.planner.nodes import ParamValue
 from iox_planner.planner.predicate import SPARK, Conjunct, column, identifier, split_conjuncts, to_sql
 from iox_planner.planner.timebounds import combine, expression_time_bounds
 
-VIEW_PREFIX = "__iox_scan_"
-TIME_NS = "__time_ns"
-"""The view column holding a row's exact `time` in int64 nanoseconds (next to `time` as a microsecond TIMESTAMP)."""
-NS_PREFIX = "__iox_ns_"
-"""A top-level result column `__iox_ns_<name>` holds the exact nanoseconds of the time column `<name>`."""
-HIDDEN_PREFIX = "__iox_tns_"
-"""A hidden item a subquery or CTE passes the nanoseconds of one of its time columns through as."""
 _NODE = "iox_node"
-INTERNAL_PREFIX = "__iox_"
-"""Every name iox-batch adds to the SQL Spark runs starts so (views, nanosecond helpers), or is one of
-`INTERNAL_NAMES`; a user's query may use none of them, in any spelling."""
-INTERNAL_NAMES = frozenset({TIME_NS, CHUNK_ORDER, WRITE_SEQ})
 
 TagOp = Literal["eq", "in", "gt", "gte", "lt", "lte"]
 

@@ -1,0 +1,101 @@
+"""Everything about reaching Spark that needs no Spark: the session settings, the master, the environment
+spark-submit and the job's Python run in, and the spark-submit command line. One place for the CLI's runner
+(`cli/runner.py`), the Spark jobs' sessions (`spark_jobs/session.py`) and the DAGs (`dags/iox_airflow/`).
+Imports no pyspark, so the DAG files can use it at parse time."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from iox_planner.config import project_root
+from iox_planner.errors import BadInputError
+
+DEFAULT_CONF: Mapping[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.ansi.enabled": "true",
+    "spark.sql.caseSensitive": "true",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.parquet.filterPushdown": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.driver.memory": "2g",
+    # Parquet output: timestamps as UTC microsecond timestamps (Spark's default is the legacy INT96).
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # User SQL is data: Spark must not replace `${env:HOME}`, `${system:...}`, `${spark:...}` or `${hiveconf:...}`
+    # in it (even inside string literals) with the service's environment, properties or settings.
+    "spark.sql.variable.substitute": "false",
+}
+
+# Settings no configuration may change: with substitution on, a query's '${env:...}' reads the service's
+# environment (the security model says a query reads the catalog's data and nothing else).
+_FIXED_CONF: Mapping[str, str] = {"spark.sql.variable.substitute": "false"}
+
+
+def parse_spark_conf(text: str | None) -> dict[str, str]:
+    """IOX_SPARK_CONF: `key=value` pairs separated by commas, semicolons or newlines."""
+    out: dict[str, str] = {}
+    for item in (text or "").replace(";", "\n").replace(",", "\n").splitlines():
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise BadInputError(f"IOX_SPARK_CONF entry {item!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def jobs_dir() -> Path:
+    """Where every Spark job lives (`spark_jobs/` of the checkout): run_plan.py, run_parts.py."""
+    return project_root() / "spark_jobs"
+
+
+def session_conf(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Spark settings of every iox-batch session: the defaults, then IOX_SPARK_CONF, then `extra`, then the
+    fixed settings (applied last, so neither the user's conf nor `extra` can turn substitution back on)."""
+    log4j = jobs_dir() / "log4j2.properties"
+    conf = dict(DEFAULT_CONF)
+    conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j}"
+    conf["spark.executor.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j}"
+    conf.update(parse_spark_conf(os.environ.get("IOX_SPARK_CONF")))
+    conf.update(extra or {})
+    conf.update(_FIXED_CONF)
+    return conf
+
+
+def spark_master() -> str:
+    """IOX_SPARK_MASTER, else `local[*]`."""
+    return os.environ.get("IOX_SPARK_MASTER") or "local[*]"
+
+
+def spark_env() -> dict[str, str]:
+    """What spark-submit and the job's Python need: the virtualenv's bin first on PATH (spark-submit lives there),
+    its Python for the workers, the checkout on PYTHONPATH (spark_jobs, iox_planner)."""
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    env = {
+        "PATH": path if path.split(os.pathsep)[0] == bin_dir else f"{bin_dir}{os.pathsep}{path}",
+        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(project_root()), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    # On one machine Spark must not guess an address; against a cluster the executors connect back to the
+    # driver, so its address is left to the deployment (IOX_SPARK_CONF spark.driver.host, SPARK_LOCAL_IP).
+    if "SPARK_LOCAL_IP" in os.environ or spark_master().startswith("local"):
+        env["SPARK_LOCAL_IP"] = os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
+    return env
+
+
+def spark_submit_command(job: str, args: Sequence[str]) -> list[str]:
+    """spark-submit of the job `job` (a file in spark_jobs/) with iox-batch's settings and `args`. The DAGs pass
+    the same settings (`session_conf`) and environment (`spark_env`) through SparkSubmitOperator."""
+    submit = shutil.which("spark-submit") or str(Path(sys.executable).parent / "spark-submit")
+    cmd = [submit, "--master", spark_master()]
+    for key, value in session_conf().items():
+        cmd += ["--conf", f"{key}={value}"]
+    return [*cmd, str(jobs_dir() / job), *args]

@@ -1,0 +1,73 @@
+"""Spark's exceptions as iox-batch errors: one paragraph, in the user's terms (no Java or Python traceback)."""
+
+from __future__ import annotations
+
+import os
+import re
+from contextlib import contextmanager
+from typing import Iterator
+
+from iox_planner.errors import CatalogError
+from iox_planner.model import HIDDEN_PREFIX, NS_PREFIX, TIME_NS, VIEW_PREFIX
+from iox_planner.planner.nodes import QueryPlan
+
+
+@contextmanager
+def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
+    """Spark's exceptions as iox-batch errors: one paragraph naming what went wrong, in the user's terms.
+
+    Spark's message is kept to its error class and first sentence (what follows is its plan, the query text with a
+    caret, and suggestions, all in terms of iox-batch's internals); view names become the user's table names and
+    internal columns (`__time_ns`, `__iox_ns_x`, ...) the columns they stand for."""
+    from pyspark.errors import PySparkException
+
+    from iox_planner.errors import BadQueryError, IoxError
+
+    try:
+        yield
+    except IoxError:
+        raise
+    except PySparkException as err:
+        condition = err.getCondition() if hasattr(err, "getCondition") else None
+        text = sanitize_spark_message(str(err), plan)
+        if condition and ("CANNOT_READ" in condition or "FILE" in condition or "PARQUET" in condition):
+            raise CatalogError(f"reading a chunk file failed: {text}") from err
+        raise BadQueryError(f"the query failed on Spark: {text}") from err
+    except Exception as err:
+        # py4j ships no type information; its error class is known by name.
+        if type(err).__name__ != "Py4JJavaError" or os.environ.get("IOX_DEBUG"):
+            raise
+        # A JVM exception PySpark does not convert: its text is "An error occurred while calling oN.x.\n:
+        # <java class>: <message>" followed by the Java stack. Keep the exception's own first line.
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        java = lines[1].lstrip(": ").strip() if len(lines) > 1 else (lines[0] if lines else "")
+        raise IoxError(f"the query failed on Spark: {sanitize_spark_message(java, plan)}") from err
+
+
+_ERROR_CLASS = re.compile(r"^\s*(\[[A-Z0-9_.]+\])\s*")
+_FIRST_SENTENCE = re.compile(r"^(.*?[.!?])(?=\s|$)")
+_SCAN_VIEW = re.compile(rf"`?{VIEW_PREFIX}(\d+)`?")
+
+
+def sanitize_spark_message(message: str, plan: QueryPlan | None = None) -> str:
+    """Spark's error class and first sentence, on one line, with iox-batch's internal names mapped back."""
+    first_line = message.strip().split("\n", 1)[0]
+    match = _ERROR_CLASS.match(first_line)
+    error_class = match.group(1) + " " if match else ""
+    rest = first_line[match.end():] if match else first_line
+    rest = re.split(r"\s*SQLSTATE:|;\s*line \d+ pos \d+|\s*== SQL", rest, maxsplit=1)[0]
+    sentence = _FIRST_SENTENCE.match(rest)
+    text = (sentence.group(1) if sentence else rest).strip()
+    views = {scan.view: scan.table for scan in plan.scans} if plan is not None else {}
+
+    def view_name(found: re.Match[str]) -> str:
+        view = f"{VIEW_PREFIX}{found.group(1)}"
+        return f"`{views[view]}`" if view in views else "a table of the query"
+
+    text = _SCAN_VIEW.sub(view_name, text)
+    text = re.sub(rf"{NS_PREFIX}(\w+)", r"\1", text)
+    text = re.sub(rf"{HIDDEN_PREFIX}\d+|{TIME_NS}", "time", text)
+    text = re.sub(r"__chunk_order|__seq|MapInArrow\w*|mapInArrow", "(internal)", text)
+    if len(text) > 600:
+        text = text[:600] + "..."
+    return error_class + (text or "Spark gave no message")

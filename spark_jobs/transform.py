@@ -1,0 +1,92 @@
+"""The executor's pure transforms: DataFrame in, DataFrame out, no files read or written, so each is tested on
+small in-memory DataFrames (tests/spark/test_transforms.py). Also the one map from catalog column types to
+Spark types."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from iox_planner.model import CHUNK_ORDER, TIME, TIME_NS, WRITE_SEQ, Chunk, ColumnType, pack_order
+
+SPARK_TYPES: Mapping[ColumnType, T.DataType] = {
+    ColumnType.TAG: T.StringType(),
+    ColumnType.FLOAT: T.DoubleType(),
+    ColumnType.INTEGER: T.LongType(),
+    # Spark reads Parquet UINT64 as DECIMAL(20, 0): the whole 0..2^64-1 range survives.
+    ColumnType.UNSIGNED: T.DecimalType(20, 0),
+    ColumnType.BOOLEAN: T.BooleanType(),
+    ColumnType.STRING: T.StringType(),
+    ColumnType.TIME: T.LongType(),
+}
+
+
+def chunk_order_column(chunks: Sequence[Chunk], ingester: bool) -> Column:
+    """(chunk order << 32) | write position, chosen per file by its path."""
+    orders = {chunk.order for chunk in chunks}
+    if len(orders) == 1:
+        base: Column = F.lit(pack_order(next(iter(orders))))
+    else:
+        mapping: list[Column] = []
+        for chunk in chunks:
+            mapping += [F.lit(chunk.path), F.lit(pack_order(chunk.order))]
+        # _metadata.file_path is a URI; the chunk's path is the warehouse-relative tail of it.
+        rel = F.regexp_extract(F.col("_metadata.file_path"), r"([^/]+/[^/]+/[^/]+/[^/]+)$", 1)
+        base = F.create_map(*mapping)[rel]
+    if ingester:
+        return (base + F.col(WRITE_SEQ)).cast("long")
+    return base.cast("long")
+
+
+def deduplicate(df: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """IOx dedup: one row per key (NULL equals NULL in grouping); every other column its last non-null value by
+    `__chunk_order`. `max_by` over a packed long ordering that is NULL where the value is NULL keeps this a hash
+    aggregation and skips NULLs."""
+    values = [c for c in df.columns if c not in keys and c != CHUNK_ORDER]
+    order = F.col(CHUNK_ORDER)
+    aggs = [F.max_by(F.col(q(v)), F.when(F.col(q(v)).isNotNull(), order)).alias(v) for v in values]
+    aggs.append(F.max(order).alias(CHUNK_ORDER))
+    grouped = df.groupBy(*[F.col(q(k)) for k in keys]).agg(*aggs)
+    return grouped.select(*[q(c) for c in df.columns])
+
+
+def deduplicate_window(df: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """The same semantics with window functions: per key, ordered by write order, each value column's last
+    non-null value over the whole key, one row kept."""
+    from pyspark.sql import Window
+
+    values = [c for c in df.columns if c not in keys and c != CHUNK_ORDER]
+    by_key = Window.partitionBy(*[F.col(q(k)) for k in keys])
+    whole = by_key.orderBy(F.col(CHUNK_ORDER)).rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    newest_first = by_key.orderBy(F.col(CHUNK_ORDER).desc())
+    picked = df.select(
+        *[F.col(q(k)) for k in keys],
+        *[F.last(F.col(q(v)), ignorenulls=True).over(whole).alias(v) for v in values],
+        F.col(CHUNK_ORDER),
+        F.row_number().over(newest_first).alias("__rn"),
+    )
+    return picked.where("__rn = 1").select(*[q(c) for c in df.columns])
+
+
+def union_all(parts: Sequence[DataFrame]) -> DataFrame:
+    result = parts[0]
+    for part in parts[1:]:
+        result = result.unionByName(part)
+    return result
+
+
+def q(name: str) -> str:
+    return f"`{name.replace('`', '``')}`"
+
+
+def to_view(df: DataFrame) -> DataFrame:
+    """The view a query sees: `time` as a UTC TIMESTAMP (microseconds, floored), its nanoseconds in `__time_ns`."""
+    if TIME not in df.columns:
+        return df
+    cols = [F.col(q(c)) for c in df.columns if c not in (TIME, CHUNK_ORDER)]
+    # Integer floor division: going through a double would lose the low bits of a nanosecond timestamp.
+    micros = F.expr(f"({TIME} - pmod({TIME}, 1000)) div 1000")
+    return df.select(*cols, F.timestamp_micros(micros).alias(TIME), F.col(TIME).alias(TIME_NS))
