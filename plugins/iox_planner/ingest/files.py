@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from iox_planner.errors import CatalogError
 from iox_planner.ingest.lineprotocol import Point
-from iox_planner.model import TIME, WRITE_SEQ, ColumnType
+from iox_planner.model import TIME, WRITE_SEQ, ColumnType, pack_order
 
 ARROW_TYPES: Mapping[ColumnType, pa.DataType] = {
     ColumnType.TAG: pa.string(),
@@ -28,8 +28,6 @@ ARROW_TYPES: Mapping[ColumnType, pa.DataType] = {
     ColumnType.STRING: pa.string(),
     ColumnType.TIME: pa.int64(),
 }
-
-_ORDER = "__order"  # transient: (chunk order, write position) packed into one sortable pair of columns
 
 
 def column_layout(columns: Mapping[str, ColumnType]) -> list[str]:
@@ -115,31 +113,27 @@ def sort_table(table: pa.Table, sort_key: Sequence[str]) -> pa.Table:
 def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, ColumnType]) -> pa.Table:
     """IOx deduplication of `(chunk order, table)` parts: one row per primary key (tags + time, NULL tag equals
     NULL tag); every other column takes its last non-null value by chunk order, then write position (`__seq`).
-    Parts may lack columns; the result has all of `columns` and no `__seq`."""
+    Parts may lack columns; the result has all of `columns` and no `__seq`. The merge itself is THE one Arrow
+    dedup, `dedup.deduplicate_table` (the Spark runner's workers use it too), ranked by `pack_order`."""
+    import numpy as np
+
+    from iox_planner.ingest.dedup import deduplicate_table
+
     schema = arrow_schema(columns)
     aligned = []
+    ranks = []
     for order, part in parts:
-        arrays = []
-        for f in schema:
-            arrays.append(part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(len(part), f.type))
-        seq = part[WRITE_SEQ] if WRITE_SEQ in part.column_names else pa.array(range(len(part)), pa.int64())
-        arrays += [pa.array([order] * len(part), pa.int64()), seq.cast(pa.int64())]
-        aligned.append(pa.Table.from_arrays(arrays, names=[*schema.names, _ORDER, WRITE_SEQ]))
+        arrays = [part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(len(part), f.type)
+                  for f in schema]
+        aligned.append(pa.Table.from_arrays(arrays, schema=schema))
+        seq = (part[WRITE_SEQ].to_numpy() if WRITE_SEQ in part.column_names
+               else np.arange(len(part), dtype=np.int64)).astype(np.int64)
+        ranks.append(pack_order(order, 0) + seq)
     if not aligned:
         return schema.empty_table()
-    merged = pa.concat_tables(aligned).sort_by([(_ORDER, "ascending"), (WRITE_SEQ, "ascending")])
     keys = [n for n in schema.names if columns[n].is_key]
-    values = [n for n in schema.names if columns[n].is_field]
-    if not values:
-        result = merged.group_by(keys, use_threads=False).aggregate([])
-    else:
-        # `last` over rows ordered oldest first, skipping NULLs, in one single-threaded pass (threads would
-        # lose the order the semantics depend on).
-        options = pc.ScalarAggregateOptions(skip_nulls=True)
-        result = merged.group_by(keys, use_threads=False).aggregate([(v, "last", options) for v in values])
-        renamed = {f"{v}_last": v for v in values}
-        result = result.rename_columns([renamed.get(c, c) for c in result.column_names])
-    return result.select(schema.names).cast(schema)
+    merged, _ = deduplicate_table(pa.concat_tables(aligned), keys, np.concatenate(ranks))
+    return merged.select(schema.names).cast(schema)
 
 
 def write_parquet_atomic(table: pa.Table, path: Path, *, metadata: Mapping[str, str] | None = None) -> int:
