@@ -47,7 +47,9 @@ from iox_planner.planner.nodes import (
 from iox_planner.planner.predicate import Conjunct, columns_of, predicate_sql
 from iox_planner.planner.timebounds import time_bounds
 from spark_jobs.extract import check_file, group_inputs
-from spark_jobs.transform import SPARK_TYPES, chunk_order_column, deduplicate, deduplicate_window, q, to_view, union_all
+from spark_jobs.transform import (
+    chunk_order_column, deduplicate, deduplicate_window, file_type, q, to_view, union_all,
+)
 
 # --- metrics (explain --analyze) ---------------------------------------------------------------------------------
 
@@ -126,7 +128,7 @@ class ScanBuilder:
     def schema_for(self, names: Iterable[str]) -> T.StructType:
         # A column no scanned chunk has is NULL throughout; its type cannot matter beyond being nullable.
         return T.StructType([
-            T.StructField(n, SPARK_TYPES[self.columns.get(n, ColumnType.STRING)] if n != CHUNK_ORDER
+            T.StructField(n, file_type(self.columns.get(n, ColumnType.STRING)) if n != CHUNK_ORDER
                           else T.LongType(), n != TIME) for n in names
         ])
 

@@ -67,7 +67,7 @@ def run_merge(spark: Any, plan: Any, args: argparse.Namespace) -> int:
 
     from iox_planner.model import CHUNK_ORDER, TIME
     from spark_jobs.load import write_result
-    from spark_jobs.transform import SPARK_TYPES, to_view
+    from spark_jobs.transform import file_type, to_view
 
     if not args.parts:
         raise SystemExit("merge needs --parts")
@@ -75,7 +75,7 @@ def run_merge(spark: Any, plan: Any, args: argparse.Namespace) -> int:
     for scan, tree in zip(plan.scans, plan.children):
         types = dict(scan.columns)
         schema = T.StructType([
-            T.StructField(name, T.LongType() if name == CHUNK_ORDER else SPARK_TYPES[types[name]], name != TIME)
+            T.StructField(name, T.LongType() if name == CHUNK_ORDER else file_type(types[name]), name != TIME)
             for name in tree.schema
         ])
         folders = [str(p / scan.view) for p in parts if (p / scan.view).is_dir()]

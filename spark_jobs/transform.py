@@ -4,24 +4,18 @@ Spark types."""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from iox_planner.model import CHUNK_ORDER, TIME, TIME_NS, WRITE_SEQ, Chunk, ColumnType, pack_order
+from iox_planner.model import CHUNK_ORDER, SPARK_SQL_TYPES, TIME, TIME_NS, WRITE_SEQ, Chunk, ColumnType, pack_order
 
-SPARK_TYPES: Mapping[ColumnType, T.DataType] = {
-    ColumnType.TAG: T.StringType(),
-    ColumnType.FLOAT: T.DoubleType(),
-    ColumnType.INTEGER: T.LongType(),
-    # Spark reads Parquet UINT64 as DECIMAL(20, 0): the whole 0..2^64-1 range survives.
-    ColumnType.UNSIGNED: T.DecimalType(20, 0),
-    ColumnType.BOOLEAN: T.BooleanType(),
-    ColumnType.STRING: T.StringType(),
-    ColumnType.TIME: T.LongType(),
-}
+def file_type(ctype: ColumnType) -> T.DataType:
+    """The Spark type a chunk file's column of catalog type `ctype` is read as: the view's type from
+    model.SPARK_SQL_TYPES, except `time`, which files hold as int64 nanoseconds (`to_view` converts it)."""
+    return T.LongType() if ctype is ColumnType.TIME else T.DataType.fromDDL(SPARK_SQL_TYPES[ctype])
 
 
 def chunk_order_column(chunks: Sequence[Chunk], ingester: bool) -> Column:

@@ -62,6 +62,21 @@ class ColumnType(str, enum.Enum):
         return not self.is_field
 
 
+SPARK_SQL_TYPES: Mapping[ColumnType, str] = {
+    ColumnType.TAG: "STRING",
+    ColumnType.STRING: "STRING",
+    ColumnType.FLOAT: "DOUBLE",
+    ColumnType.INTEGER: "BIGINT",
+    # Spark reads Parquet UINT64 as DECIMAL(20, 0): the whole 0..2^64-1 range survives.
+    ColumnType.UNSIGNED: "DECIMAL(20, 0)",
+    ColumnType.BOOLEAN: "BOOLEAN",
+    ColumnType.TIME: "TIMESTAMP",
+}
+"""THE map from catalog types to Spark SQL types, as a query's view shows them (`time` a TIMESTAMP). The files
+hold `time` as int64 nanoseconds: spark_jobs/transform.py reads it as BIGINT and `to_view` converts it. The Arrow
+map is ingest/files.py's (one per engine)."""
+
+
 class ChunkKind(str, enum.Enum):
     PARQUET = "parquet"
     INGESTER = "ingester"

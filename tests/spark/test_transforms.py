@@ -115,3 +115,17 @@ def test_union_all_matches_columns_by_name(spark: Any) -> None:
     a = spark.createDataFrame([(1, "x")], "n bigint, s string")
     b = spark.createDataFrame([("y", 2)], "s string, n bigint")
     assertDataFrameEqual(union_all([a, b]), spark.createDataFrame([(1, "x"), (2, "y")], "n bigint, s string"))
+
+
+def test_file_types_follow_the_one_spark_map(spark: Any) -> None:
+    """Files are read as the view's types, except `time` (int64 nanoseconds until `to_view`)."""
+    from pyspark.sql import types as T
+
+    from iox_planner.model import ColumnType
+    from spark_jobs.transform import file_type
+
+    assert {c: file_type(c) for c in ColumnType} == {
+        ColumnType.TAG: T.StringType(), ColumnType.STRING: T.StringType(), ColumnType.FLOAT: T.DoubleType(),
+        ColumnType.INTEGER: T.LongType(), ColumnType.UNSIGNED: T.DecimalType(20, 0),
+        ColumnType.BOOLEAN: T.BooleanType(), ColumnType.TIME: T.LongType(),
+    }

@@ -38,7 +38,7 @@ from sqlglot.tokenizer_core import Token, TokenType
 
 from iox_planner.errors import BadInputError, BadQueryError, UnsupportedError
 from iox_planner.model import (
-    HIDDEN_PREFIX, INTERNAL_NAMES, INTERNAL_PREFIX, NS_PREFIX, TIME, TIME_NS, VIEW_PREFIX,
+    HIDDEN_PREFIX, INTERNAL_NAMES, INTERNAL_PREFIX, NS_PREFIX, SPARK_SQL_TYPES, TIME, TIME_NS, VIEW_PREFIX,
     ColumnType, TableSchema,
 )
 from iox_planner.planner.functions import ALLOWED, HINTS, REFUSED, SYNTAX
@@ -91,16 +91,6 @@ class AnalyzedQuery:
 _NOW_FUNCTIONS = frozenset({"now", "currenttimestamp", "localtimestamp", "getdate"})
 _NOW_CLASSES = (exp.CurrentTimestamp, exp.CurrentTimestampLTZ, exp.Localtimestamp, exp.CurrentDatetime,
                 exp.UtcTimestamp)
-
-_SPARK_TYPES = {
-    ColumnType.TAG: "STRING",
-    ColumnType.STRING: "STRING",
-    ColumnType.FLOAT: "DOUBLE",
-    ColumnType.INTEGER: "BIGINT",
-    ColumnType.UNSIGNED: "DECIMAL(20, 0)",
-    ColumnType.BOOLEAN: "BOOLEAN",
-    ColumnType.TIME: "TIMESTAMP",
-}
 
 # Expression nodes a pushed conjunct may hold (after `time` comparisons were rewritten): deterministic, row-local.
 _PUSHABLE = (
@@ -531,7 +521,7 @@ def _own_nodes(select: exp.Expr) -> Iterator[exp.Expr]:
 
 
 def _qualify(statement: exp.Query, tables: Mapping[str, TableSchema]) -> exp.Query:
-    mapping: dict[str, object] = {name: {c: _SPARK_TYPES[schema.columns.get(c, ColumnType.TIME)] for c in schema.star_columns}
+    mapping: dict[str, object] = {name: {c: SPARK_SQL_TYPES[schema.columns.get(c, ColumnType.TIME)] for c in schema.star_columns}
                for name, schema in tables.items()}
     schema = MappingSchema(mapping, dialect=SPARK, normalize=False)
     try:
