@@ -224,7 +224,7 @@ def plan_summary(query_plan: Any) -> dict[str, Any]:
 
 
 def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -> CommitOutcome:
-    """Publish the staged result at the output (atomically, by output.py's rules) and, for `register_as`, write
+    """Publish the staged result at the output (atomically, by output/formats.py's rules) and, for `register_as`, write
     it as a catalog table too; record the run as succeeded and release its lock, all in one catalog transaction
     that first checks the lock is still ours. Any failure: the run is marked failed, nothing is published."""
     from iox_planner.catalog import runs
@@ -316,7 +316,7 @@ def _record_failure(catalog: Any, run_pk: int, key: Any, run: RunIdentity, stagi
 
 
 def _publish(staged: Path, output: Path, fmt: ResultFormat) -> None:
-    """Move the staged result over the output: a rename on the same filesystem, by output.py's marker rules."""
+    """Move the staged result over the output: a rename on the same filesystem, by output/formats.py's marker rules."""
     from iox_planner.output.formats import staged_file, staged_folder
 
     if not staged.exists():
