@@ -28,7 +28,7 @@ def write_result(result: DataFrame, fmt: str, output: Path | None, stdout: Any) 
             raise BadInputError("arrow output is a file: give --output PATH")
         import pyarrow as pa
 
-        from iox_planner.output.formats import staged_file
+        from iox_planner.output.publish import staged_file
 
         arrow = result_to_arrow(result)
         with staged_file(output) as tmp:
@@ -39,7 +39,7 @@ def write_result(result: DataFrame, fmt: str, output: Path | None, stdout: Any) 
     if kind is OutputFormat.PARQUET:
         if output is None:
             raise BadInputError("parquet output is a folder: give --output PATH")
-        from iox_planner.output.formats import staged_folder
+        from iox_planner.output.publish import staged_folder
 
         # Only the planner's nanosecond helpers go: a user's own `__v` is a result column like any other.
         cols = [c for c in result.columns if not c.startswith(NS_PREFIX)]

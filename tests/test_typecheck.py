@@ -19,8 +19,8 @@ def test_core_imports_neither_spark_nor_airflow() -> None:
     """Everything but the query-running CLI commands and the runner stays free of Spark and Airflow."""
     code = (
         "import sys\n"
-        "import iox_planner.catalog.store, iox_planner.ingest.write, iox_planner.ingest.scenario, iox_planner.planner, "
-        "iox_planner.cli.main, iox_planner.cli.commands, iox_planner.output.formats, iox_planner.ingest.dedup, iox_planner.cli.show, "
+        "import iox_planner.catalog.store, iox_planner.catalog.schema, iox_planner.catalog.migrations, iox_planner.ingest.write, iox_planner.ingest.scenario, iox_planner.planner, "
+        "iox_planner.cli.main, iox_planner.cli.commands, iox_planner.output.formats, iox_planner.output.publish, iox_planner.ingest.dedup, iox_planner.cli.show, "
         "iox_planner.ingest.register, iox_planner.ingest.persist, iox_planner.catalog.runs, iox_planner.sparkconf\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'airflow', 'py4j'))\n"
         "print(','.join(bad))\n"

@@ -131,7 +131,7 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> 
     nothing is written anywhere else."""
     from iox_planner.catalog import runs
     from iox_planner.catalog.store import CatalogSource
-    from iox_planner.output.formats import check_destination
+    from iox_planner.output.publish import check_destination
     from iox_planner.planner import PlannerSettings, plan_query, serde
 
     catalog = _catalog()
@@ -224,7 +224,7 @@ def plan_summary(query_plan: Any) -> dict[str, Any]:
 
 
 def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -> CommitOutcome:
-    """Publish the staged result at the output (atomically, by output/formats.py's rules) and, for `register_as`, write
+    """Publish the staged result at the output (atomically, by output/publish.py's rules) and, for `register_as`, write
     it as a catalog table too; record the run as succeeded and release its lock, all in one catalog transaction
     that first checks the lock is still ours. Any failure: the run is marked failed, nothing is published."""
     from iox_planner.catalog import runs
@@ -245,7 +245,7 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
         # Again at publication: a folder under the root swapped for a symlink since planning must not lead out.
         request.check_output(AirflowSettings.from_env())
         registered = None
-        from iox_planner.output.formats import publishing_as
+        from iox_planner.output.publish import publishing_as
         from iox_planner.catalog.publications import CatalogLedger
 
         with publishing_as(run.holder, CatalogLedger(catalog)), catalog.engine.begin() as conn:
@@ -316,8 +316,8 @@ def _record_failure(catalog: Any, run_pk: int, key: Any, run: RunIdentity, stagi
 
 
 def _publish(staged: Path, output: Path, fmt: ResultFormat) -> None:
-    """Move the staged result over the output: a rename on the same filesystem, by output/formats.py's marker rules."""
-    from iox_planner.output.formats import staged_file, staged_folder
+    """Move the staged result over the output: a rename on the same filesystem, by output/publish.py's rules (the catalog's publication record, not a marker)."""
+    from iox_planner.output.publish import staged_file, staged_folder
 
     if not staged.exists():
         raise BadInputError(f"the staged result {staged} is missing; the Spark job did not write it")
@@ -333,9 +333,8 @@ def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, staged: 
 
     from iox_planner.ingest import register
     from iox_planner.config import warehouse
-    from iox_planner.output.formats import (
-        OutputFormat, arrow_for_parquet, finish_columns, staged_folder, write_text_output,
-    )
+    from iox_planner.output.publish import staged_folder
+    from iox_planner.output.formats import OutputFormat, arrow_for_parquet, finish_columns, write_text_output
 
     assert request.register_as is not None and request.time_start is not None and request.time_end is not None
     with pa.memory_map(str(staged)) as source:

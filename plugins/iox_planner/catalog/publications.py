@@ -9,7 +9,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from iox_planner.catalog.store import Catalog, output_publications
+from iox_planner.catalog.schema import output_publications
+from iox_planner.catalog.store import Catalog
 
 
 @dataclass(frozen=True)

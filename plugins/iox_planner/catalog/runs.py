@@ -19,7 +19,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
 
-from iox_planner.catalog.store import Catalog, query_runs, run_locks
+from iox_planner.catalog.schema import query_runs, run_locks
+from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError, CatalogError
 from iox_planner.model import RunKey
 

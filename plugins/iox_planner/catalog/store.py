@@ -3,9 +3,6 @@ parameters only)."""
 
 from __future__ import annotations
 
-import hashlib
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -15,154 +12,20 @@ from sqlalchemy.engine import Connection, Engine
 
 from iox_planner.catalog.localpg import catalog_url
 from iox_planner.catalog.names import check_db_name
-from iox_planner.config import project_root
+from iox_planner.catalog.migrations import MIGRATION_LOCK, Migration, migration_files
+from iox_planner.catalog.schema import (
+    CHUNK_TABLES,
+    columns,
+    database_orders,
+    databases,
+    migrations_table,
+    partitions,
+    tables,
+)
 from iox_planner.errors import BadInputError, CatalogError
 from iox_planner.model import MAX_ORDER, Chunk, ChunkKind, ColumnType, TableSchema
 from iox_planner.timeutil import NS_PER_DAY
 
-MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-_MIGRATION_LOCK = 0x10C5_BA7C  # advisory lock id: one migrator at a time
-
-metadata = sa.MetaData()
-
-databases = sa.Table(
-    "iox_database", metadata,
-    sa.Column("id", sa.BigInteger, primary_key=True),
-    sa.Column("name", sa.Text, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True)),
-)
-tables = sa.Table(
-    "iox_table", metadata,
-    sa.Column("id", sa.BigInteger, primary_key=True),
-    sa.Column("database_id", sa.BigInteger, nullable=False),
-    sa.Column("name", sa.Text, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True)),
-)
-columns = sa.Table(
-    "iox_column", metadata,
-    sa.Column("id", sa.BigInteger, primary_key=True),
-    sa.Column("table_id", sa.BigInteger, nullable=False),
-    sa.Column("name", sa.Text, nullable=False),
-    sa.Column("column_type", sa.Text, nullable=False),
-)
-partitions = sa.Table(
-    "iox_partition", metadata,
-    sa.Column("id", sa.BigInteger, primary_key=True),
-    sa.Column("table_id", sa.BigInteger, nullable=False),
-    sa.Column("partition_key", sa.Text, nullable=False),
-    sa.Column("sort_key", pg.ARRAY(sa.Text)),
-    sa.Column("created_at", sa.DateTime(timezone=True)),
-)
-
-
-def _chunk_table(name: str, *, parquet: bool) -> sa.Table:
-    cols: list[sa.Column[Any]] = [
-        sa.Column("id", sa.BigInteger, primary_key=True),
-        sa.Column("object_id", pg.UUID(as_uuid=False), nullable=False),
-        sa.Column("label", sa.Text),
-        sa.Column("table_id", sa.BigInteger, nullable=False),
-        sa.Column("partition_id", sa.BigInteger, nullable=False),
-        sa.Column("store", sa.Text, nullable=False),
-        sa.Column("path", sa.Text, nullable=False),
-        sa.Column("min_time", sa.BigInteger, nullable=False),
-        sa.Column("max_time", sa.BigInteger, nullable=False),
-        sa.Column("row_count", sa.BigInteger, nullable=False),
-        sa.Column("file_size", sa.BigInteger, nullable=False),
-        sa.Column("column_names", pg.ARRAY(sa.Text), nullable=False),
-        sa.Column("tag_ranges", pg.JSONB, nullable=False),
-        sa.Column("chunk_order", sa.BigInteger, nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True)),
-        sa.Column("to_delete", sa.DateTime(timezone=True)),
-    ]
-    if parquet:
-        cols.append(sa.Column("sort_key", pg.ARRAY(sa.Text), nullable=False))
-    return sa.Table(name, metadata, *cols)
-
-
-parquet_files = _chunk_table("iox_parquet_file", parquet=True)
-ingester_chunks = _chunk_table("iox_ingester_chunk", parquet=False)
-query_runs = sa.Table(
-    "iox_query_run", metadata,
-    sa.Column("id", sa.BigInteger, primary_key=True),
-    sa.Column("database_name", sa.Text, nullable=False),
-    sa.Column("definition", sa.Text),
-    sa.Column("dag_id", sa.Text),
-    sa.Column("run_id", sa.Text),
-    sa.Column("interval_start", sa.BigInteger),
-    sa.Column("interval_end", sa.BigInteger),
-    sa.Column("params", pg.JSONB, nullable=False),
-    sa.Column("plan", pg.JSONB),
-    sa.Column("output", sa.Text),
-    sa.Column("row_count", sa.BigInteger),
-    sa.Column("status", sa.Text, nullable=False),
-    sa.Column("error", sa.Text),
-    sa.Column("started_at", sa.DateTime(timezone=True)),
-    sa.Column("finished_at", sa.DateTime(timezone=True)),
-    sa.Column("duration_s", sa.Float),
-)
-migrations_table = sa.Table(
-    "iox_schema_migration", metadata,
-    sa.Column("version", sa.Integer, primary_key=True),
-    sa.Column("name", sa.Text, nullable=False),
-    sa.Column("checksum", sa.Text, nullable=False),
-    sa.Column("applied_at", sa.DateTime(timezone=True)),
-)
-# Run locks of scheduled and triggered runs (migration 0002; see catalog/runs.py).
-run_locks = sa.Table(
-    "iox_run_lock", metadata,
-    sa.Column("definition", sa.Text, primary_key=True),
-    sa.Column("interval_start", sa.BigInteger, primary_key=True),
-    sa.Column("interval_end", sa.BigInteger, primary_key=True),
-    sa.Column("holder", sa.Text, nullable=False),
-    sa.Column("query_run_id", sa.BigInteger),
-    sa.Column("acquired_at", sa.DateTime(timezone=True)),
-    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
-)
-
-database_orders = sa.Table(
-    "iox_database_order", metadata,
-    sa.Column("database_id", sa.BigInteger, primary_key=True),
-    sa.Column("last_order", sa.BigInteger, nullable=False),
-)
-output_publications = sa.Table(
-    "iox_output_publication", metadata,
-    sa.Column("id", sa.BigInteger, primary_key=True),
-    sa.Column("path", sa.Text, nullable=False),
-    sa.Column("kind", sa.Text, nullable=False),
-    sa.Column("fingerprint", sa.Text, nullable=False),
-    sa.Column("run", sa.Text, nullable=False),
-    sa.Column("published_at", sa.DateTime(timezone=True)),
-)
-CHUNK_TABLES = {ChunkKind.PARQUET: parquet_files, ChunkKind.INGESTER: ingester_chunks}
-
-
-@dataclass(frozen=True)
-class Migration:
-    version: int
-    name: str
-    sql: str
-
-    @property
-    def checksum(self) -> str:
-        return hashlib.sha256(self.sql.encode()).hexdigest()
-
-
-def migration_files(folder: Path | None = None) -> list[Migration]:
-    """The numbered migrations, checked to form one linear history: 0001, 0002, ... with no gap or twin."""
-    folder = folder or project_root() / "catalog_sql"
-    found: list[Migration] = []
-    for path in sorted(folder.glob("*.sql")):
-        match = MIGRATION_FILE.fullmatch(path.name)
-        if not match:
-            raise CatalogError(f"catalog migration {path.name} is not named NNNN_lowercase_name.sql")
-        found.append(Migration(int(match[1]), match[2], path.read_text()))
-    for expected, migration in enumerate(found, start=1):
-        if migration.version != expected:
-            raise CatalogError(
-                f"catalog migrations do not form one linear history: expected version {expected:04d}, "
-                f"found {migration.version:04d}_{migration.name}.sql"
-            )
-    return found
 
 
 class ChunkRow(NamedTuple):
@@ -209,7 +72,7 @@ class Catalog:
         applied: list[Migration] = []
         try:
             with self.engine.begin() as conn:
-                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_MIGRATION_LOCK)))
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK)))
                 migrations_table.create(conn, checkfirst=True)
                 done = {r.version: r for r in conn.execute(sa.select(migrations_table))}
                 files = migration_files()

@@ -69,7 +69,7 @@ def query(args: argparse.Namespace, console: Any) -> int:
     if args.output is not None and fmt is OutputFormat.TABLE:
         raise BadInputError("format table prints to the terminal; use csv, jsonl or parquet with --output")
     if args.output is not None:
-        from iox_planner.output.formats import check_destination
+        from iox_planner.output.publish import check_destination
 
         # Checked before planning and Spark start: a refused path fails in a moment, with nothing run.
         if not args.output.strip():

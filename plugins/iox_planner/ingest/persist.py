@@ -13,7 +13,8 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 
 from iox_planner.catalog.names import check_name, excerpt
-from iox_planner.catalog.store import Catalog, ChunkRow, databases, ingester_chunks, partitions, tables
+from iox_planner.catalog.schema import databases, ingester_chunks, partitions, tables
+from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError
 from iox_planner.ingest import files as storage
