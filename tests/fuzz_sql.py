@@ -108,6 +108,12 @@ def random_scenario(rng: random.Random) -> Scenario:
     return Scenario(tuple(chunks))
 
 
+def generate(seed: int, predicates: int) -> tuple[Scenario, list["Pred"]]:
+    """The case of one seed, shared by the Spark leg and the planner leg: a scenario and its predicate trees."""
+    rng = random.Random(seed)
+    return random_scenario(rng), [random_predicate(rng) for _ in range(predicates)]
+
+
 def _random_value(rng: random.Random, kind: str) -> Any:
     if kind == "float":
         return rng.randint(-6, 6) / 2

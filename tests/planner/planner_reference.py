@@ -116,6 +116,11 @@ class Predicate:
             return None if a is None or b is None else False
         if isinstance(node, exp.Is):
             return v(node.this, row) is None
+        if isinstance(node, exp.Like):
+            x, pattern = v(node.this, row), v(node.expression, row)
+            if x is None or pattern is None:
+                return None
+            return _like_regex(pattern).fullmatch(x) is not None
         if isinstance(node, exp.Between):
             x, lo, hi = v(node.this, row), v(node.args["low"], row), v(node.args["high"], row)
             if x is None or lo is None or hi is None:
@@ -141,6 +146,20 @@ class Predicate:
                     a, b = (_timestamp_us(a) if isinstance(a, str) else a), (_timestamp_us(b) if isinstance(b, str) else b)
                 return fn(a, b)
         raise NotImplementedError(f"test evaluator: {type(node).__name__} in {node.sql()}")
+
+
+def _like_regex(pattern: str) -> re.Pattern[str]:
+    """Spark's LIKE: `%` any run, `_` one character, `\\` escapes the next character; written out here."""
+    out, i = [], 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if ch == "%" else "." if ch == "_" else re.escape(ch))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
 
 
 # ---------------------------------------------------------------------------------------------------------------

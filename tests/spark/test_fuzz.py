@@ -26,7 +26,6 @@ IOX_FUZZ_SEED).
 from __future__ import annotations
 
 import os
-import random
 from typing import Any, Iterator
 
 import pytest
@@ -54,8 +53,7 @@ def small_shuffles(spark: Any) -> Iterator[None]:
 
 
 def generate(seed: int) -> tuple[fz.Scenario, list[fz.Pred]]:
-    rng = random.Random(seed)
-    return fz.random_scenario(rng), [fz.random_predicate(rng) for _ in range(PREDICATES_PER_SEED)]
+    return fz.generate(seed, PREDICATES_PER_SEED)
 
 
 def runs(seed: int, i: int) -> list[tuple[str, bool]]:
