@@ -4,6 +4,8 @@ rows commit and removed again if the commit fails."""
 
 from __future__ import annotations
 
+import re
+import stat
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,10 +15,11 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 
 from iox_planner.catalog.names import check_name, excerpt
-from iox_planner.catalog.schema import databases, ingester_chunks, partitions, tables
+from iox_planner.catalog.schema import databases, ingester_chunks, parquet_files, partitions, tables
 from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError
+from iox_planner.faults import kill_point
 from iox_planner.ingest import files as storage
 from iox_planner.ingest.write import Staged, chunk_path
 from iox_planner.model import LOCAL_STORE, TIME, ChunkKind
@@ -74,7 +77,9 @@ def persist(
         result = _persist_partition(catalog, db_id, pid, root, after_read)
         if result is not None:
             results.append(result)
-    collect_garbage(catalog, root, DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds)
+    grace = DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds
+    collect_garbage(catalog, root, grace)
+    sweep_unreferenced(catalog, root, db_id, grace)
     return results
 
 
@@ -131,6 +136,7 @@ def _persist_partition(
                 chunk_order=order, sort_key=file_key,
             ))
             catalog.retire_chunks(conn, ChunkKind.INGESTER, [c.id for c in ingester])
+            kill_point("persist.before_commit")
             return PersistResult(first.table, first.partition, len(ingester), sum(c.row_count for c in ingester),
                                  merged.num_rows, f"P{file_id}", order)
     except BaseException:
@@ -151,6 +157,68 @@ def collect_garbage(catalog: Catalog, root: Path, grace_seconds: float) -> int:
         if store == LOCAL_STORE:
             (root / path).unlink(missing_ok=True)
     return len(expired)
+
+
+# A chunk file is written before its catalog row commits (write.py, persist above), so a command killed between
+# the two leaves a file no row names, and one killed inside `write_parquet_atomic` leaves its hidden temporary.
+# Nothing else ever deletes those: this sweep does, for one database, once they are older than the grace period
+# (a file younger than that may belong to a write still in flight). Only names iox-batch itself gives chunk
+# files, in the `<db id>/<table id>/<partition id>/` folders of this catalog's own ids, are candidates.
+_CHUNK_FILE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.parquet")
+_CHUNK_TEMP = re.compile(r"\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.parquet\.[0-9a-f]{32}\.tmp")
+
+
+def sweep_unreferenced(catalog: Catalog, root: Path, db_id: int, grace_seconds: float) -> list[str]:
+    """Delete database `db_id`'s chunk files (and chunk temporaries) that no catalog row names, live or retired,
+    once older than `grace_seconds`. Returns their warehouse-relative paths."""
+    import time
+
+    folder = root / str(db_id)
+    if not folder.is_dir():
+        return []
+    with catalog.engine.connect() as conn:
+        table_ids = {str(t) for t in catalog.table_ids(conn, db_id).values()}
+        known: set[str] = set()
+        partition_ids: dict[str, set[str]] = defaultdict(set)
+        for ct in (parquet_files, ingester_chunks):
+            rows = conn.execute(sa.select(ct.c.path).join(tables, ct.c.table_id == tables.c.id)
+                                .where(tables.c.database_id == db_id))
+            known.update(r.path for r in rows)
+        rows = conn.execute(sa.select(partitions.c.id, partitions.c.table_id)
+                            .join(tables, partitions.c.table_id == tables.c.id)
+                            .where(tables.c.database_id == db_id))
+        for r in rows:
+            partition_ids[str(r.table_id)].add(str(r.id))
+    cutoff = time.time() - grace_seconds
+    removed = []
+    for table_dir in folder.iterdir():
+        if table_dir.name not in table_ids or table_dir.is_symlink() or not table_dir.is_dir():
+            continue
+        for part_dir in table_dir.iterdir():
+            if part_dir.name not in partition_ids[table_dir.name] or part_dir.is_symlink() or not part_dir.is_dir():
+                continue
+            for entry in part_dir.iterdir():
+                rel = f"{db_id}/{table_dir.name}/{part_dir.name}/{entry.name}"
+                if not (_CHUNK_FILE.fullmatch(entry.name) or _CHUNK_TEMP.fullmatch(entry.name)) or rel in known:
+                    continue
+                try:
+                    st = entry.lstat()
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
+                    continue
+                # Checked again just before deleting: a row committed since the listing above names it.
+                if _referenced(catalog, rel):
+                    continue
+                entry.unlink(missing_ok=True)
+                removed.append(rel)
+    return removed
+
+
+def _referenced(catalog: Catalog, rel: str) -> bool:
+    with catalog.engine.connect() as conn:
+        return any(conn.execute(sa.select(ct.c.id).where(ct.c.path == rel).limit(1)).first() is not None
+                   for ct in (parquet_files, ingester_chunks))
 
 
 # --- persisting on a schedule ---------------------------------------------------------------------------------------

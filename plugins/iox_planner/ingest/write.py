@@ -21,6 +21,7 @@ from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.store import Catalog
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError
+from iox_planner.faults import kill_point
 from iox_planner.ingest.lineprotocol import LineError, Point, Precision, decode_utf8, describe_errors, parse
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, now_ns, partition_of
@@ -127,9 +128,11 @@ def write_points(
         own_staged = Staged(root)
         try:
             with catalog.engine.begin() as own:
-                return write_points(catalog, db, points, orders=orders, labels=labels, kind=kind,
-                                    sort_key=sort_key, store=store, accept_partial=accept_partial, conn=own,
-                                    staged=own_staged, warehouse=root)
+                result = write_points(catalog, db, points, orders=orders, labels=labels, kind=kind,
+                                      sort_key=sort_key, store=store, accept_partial=accept_partial, conn=own,
+                                      staged=own_staged, warehouse=root)
+                kill_point("write.before_commit")
+                return result
         except BaseException:
             own_staged.rollback()
             raise
