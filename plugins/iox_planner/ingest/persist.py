@@ -103,45 +103,41 @@ def _persist_partition(
     catalog: Catalog, db_id: int, partition_id: int, root: Path, after_read: Callable[[], None] | None
 ) -> PersistResult | None:
     staged = Staged(root)
-    try:
-        with catalog.engine.begin() as conn:
-            fixed_key = catalog.lock_partition(conn, partition_id)
-            chunks = catalog.chunk_rows(conn, db_id, partition_id=partition_id)
-            _check_mergeable(chunks)
-            ingester = [c for c in chunks if c.kind is ChunkKind.INGESTER]
-            if not ingester:
-                return None
-            if after_read is not None:
-                after_read()
-            first = ingester[0]
-            table_columns = catalog.table_columns(conn, first.table_id)
-            parts = [(c.order, storage.read_chunk(root / c.path, c.display_id)) for c in ingester]
-            columns = {name: table_columns[name] for c in ingester for name in c.column_names}
-            merged = storage.deduplicate(parts, columns)
-            key = storage.partition_sort_key(fixed_key, columns, merged)
-            if list(key) != list(fixed_key or []):
-                catalog.set_sort_key(conn, partition_id, key)
-            file_key = [c for c in key if c in columns]
-            merged = storage.sort_table(merged, file_key)
-            rel = chunk_path(db_id, first.table_id, partition_id)
-            staged.paths.append(root / rel)
-            size = storage.write_parquet_atomic(merged, root / rel, metadata={"iox.kind": "parquet"})
-            order = max(c.order for c in ingester)
-            mm = pc.min_max(merged[TIME]).as_py()
-            file_id = catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(
-                object_id=Path(rel).stem, label=None, table_id=first.table_id, partition_id=partition_id,
-                store=LOCAL_STORE, path=rel, min_time=mm["min"], max_time=mm["max"], row_count=merged.num_rows,
-                file_size=size, column_names=storage.column_layout(columns),
-                tag_ranges={k: list(v) for k, v in storage.tag_ranges(merged, columns).items()},
-                chunk_order=order, sort_key=file_key,
-            ))
-            catalog.retire_chunks(conn, ChunkKind.INGESTER, [c.id for c in ingester])
-            kill_point("persist.before_commit")
-            return PersistResult(first.table, first.partition, len(ingester), sum(c.row_count for c in ingester),
-                                 merged.num_rows, f"P{file_id}", order)
-    except BaseException:
-        staged.rollback()
-        raise
+    with staged.transaction(catalog) as conn:
+        fixed_key = catalog.lock_partition(conn, partition_id)
+        chunks = catalog.chunk_rows(conn, db_id, partition_id=partition_id)
+        _check_mergeable(chunks)
+        ingester = [c for c in chunks if c.kind is ChunkKind.INGESTER]
+        if not ingester:
+            return None
+        if after_read is not None:
+            after_read()
+        first = ingester[0]
+        table_columns = catalog.table_columns(conn, first.table_id)
+        parts = [(c.order, storage.read_chunk(root / c.path, c.display_id)) for c in ingester]
+        columns = {name: table_columns[name] for c in ingester for name in c.column_names}
+        merged = storage.deduplicate(parts, columns)
+        key = storage.partition_sort_key(fixed_key, columns, merged)
+        if list(key) != list(fixed_key or []):
+            catalog.set_sort_key(conn, partition_id, key)
+        file_key = [c for c in key if c in columns]
+        merged = storage.sort_table(merged, file_key)
+        rel = chunk_path(db_id, first.table_id, partition_id)
+        staged.paths.append(root / rel)
+        size = storage.write_parquet_atomic(merged, root / rel, metadata={"iox.kind": "parquet"})
+        order = max(c.order for c in ingester)
+        mm = pc.min_max(merged[TIME]).as_py()
+        file_id = catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(
+            object_id=Path(rel).stem, label=None, table_id=first.table_id, partition_id=partition_id,
+            store=LOCAL_STORE, path=rel, min_time=mm["min"], max_time=mm["max"], row_count=merged.num_rows,
+            file_size=size, column_names=storage.column_layout(columns),
+            tag_ranges={k: list(v) for k, v in storage.tag_ranges(merged, columns).items()},
+            chunk_order=order, sort_key=file_key,
+        ))
+        catalog.retire_chunks(conn, ChunkKind.INGESTER, [c.id for c in ingester])
+        kill_point("persist.before_commit")
+        return PersistResult(first.table, first.partition, len(ingester), sum(c.row_count for c in ingester),
+                             merged.num_rows, f"P{file_id}", order)
 
 
 def collect_garbage(catalog: Catalog, root: Path, grace_seconds: float) -> int:
