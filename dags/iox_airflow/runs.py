@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, NoReturn
 
 from iox_planner.errors import BadInputError, IoxError
+from iox_planner.faults import kill_point
 from iox_planner.sparkconf import jobs_dir
 from iox_planner.timeutil import format_time
 
@@ -234,8 +235,12 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
     run_pk = int(handle["query_run"])
     key = request.lock_key()
     done = runs.get_run(catalog, run_pk)
-    if done is not None and done["status"] == runs.RunStatus.SUCCESS.value and not staging.root.exists():
-        catalog.dispose()  # this commit already happened (the task was cleared and ran again): nothing to do
+    if done is not None and done["status"] == runs.RunStatus.SUCCESS.value:
+        # This commit already happened (the task was cleared and ran again, or was killed after its transaction
+        # committed, before removing the staging folder): finish the tidying, change nothing else. Going on would
+        # find the lock released and mark a succeeded run failed.
+        staging.remove()
+        catalog.dispose()
         return CommitOutcome(run_pk, str(request.output), int(done["row_count"] or 0), None)
     try:
         fmt = spark_format(request)
@@ -256,6 +261,8 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
                 _publish(staging.result(fmt), request.output, request.format)
             runs.finish_run(catalog, run_pk, runs.RunStatus.SUCCESS, row_count=rows, conn=conn)
             runs.release_lock(catalog, key, run.holder, conn=conn)
+            kill_point("commit.before_commit")
+        kill_point("commit.after_commit")
         staging.remove()
         return CommitOutcome(run_pk, str(request.output), rows, registered)
     except BaseException as err:
