@@ -42,6 +42,15 @@ def replay(operation: str, point: object) -> str:
     return (f"[replay: IOX_FAULT_SEED={SEED} IOX_FAULT_POINTS={POINTS}, operation {operation}, kill point {point}]")
 
 
+def report(line: str) -> None:
+    """A suite's figures: printed, and appended to IOX_FAULT_REPORT if set (pytest-xdist swallows prints)."""
+    print(line)
+    target = os.environ.get("IOX_FAULT_REPORT")
+    if target:
+        with open(target, "a") as fh:
+            fh.write(line + "\n")
+
+
 def rng_for(operation: str) -> random.Random:
     return random.Random(f"{SEED}:{operation}")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from fault_support import (DAY0, FULL, KEYS, POINTS, FaultWorld, Outcome, Tally, assert_clean_failure, batch,
+from fault_support import (report, DAY0, FULL, KEYS, POINTS, FaultWorld, Outcome, Tally, assert_clean_failure, batch,
                            catalog_problems, hidden_siblings, naive_answer, replay, rng_for, unreferenced_files)
 from iox_planner.ingest.persist import persist
 from iox_planner.ingest.write import write_line_protocol
@@ -187,4 +187,4 @@ def test_materialize_commit_killed_at_random_points(fw: FaultWorld, spark: objec
         states[state] = states.get(state, 0) + 1
     persist(fw.catalog, m.db, warehouse=fw.warehouse, grace_seconds=0)
     assert unreferenced_files(fw, m.db) == [] and catalog_problems(fw, m.db) == []
-    print(f"materialize commit: {POINTS} kill points, outputs found {states}, 0 partial outputs, 0 lost rows")
+    report(f"materialize commit: {POINTS} kill points, outputs found {states}, 0 partial outputs, 0 lost rows")

@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 
-from fault_support import (KEYS, POINTS, QUERY, FaultWorld, Outcome, Tally, assert_clean_failure, batch,
+from fault_support import (report, KEYS, POINTS, QUERY, FaultWorld, Outcome, Tally, assert_clean_failure, batch,
                            catalog_problems, hidden_siblings, naive_answer, read_output, replay, rng_for,
                            rows_of_write, run_and_kill, unreferenced_files)
 from iox_planner.ingest.persist import persist
@@ -93,7 +93,7 @@ def test_postgres_restarted_during_write(fw: FaultWorld) -> None:
     persist(fw.catalog, db, warehouse=fw.warehouse, grace_seconds=0)
     assert unreferenced_files(fw, db) == [] and catalog_problems(fw, db) == []
     assert naive_answer(fw, db, "m", ("k", "time")) == tally.expected
-    print(f"write + Postgres restart: {POINTS} restarts, {failed} writes failed retryably, 0 lost points")
+    report(f"write + Postgres restart: {POINTS} restarts, {failed} writes failed retryably, 0 lost points")
 
 
 def test_postgres_restarted_during_persist(fw: FaultWorld) -> None:
@@ -121,7 +121,7 @@ def test_postgres_restarted_during_persist(fw: FaultWorld) -> None:
         assert naive_answer(fw, db, "m", ("k", "time")) == tally.expected, context
     persist(fw.catalog, db, warehouse=fw.warehouse, grace_seconds=0)
     assert unreferenced_files(fw, db) == [] and catalog_problems(fw, db) == []
-    print(f"persist + Postgres restart: {POINTS} restarts, {failed} persists failed retryably, 0 lost points")
+    report(f"persist + Postgres restart: {POINTS} restarts, {failed} persists failed retryably, 0 lost points")
 
 
 @pytest.mark.spark
@@ -173,4 +173,4 @@ def test_postgres_restarted_during_query_output(fw: FaultWorld, spark: object, t
         assert read_output(out, fmt) == tally.rows(), f"{context}: the rerun's answer"
         published[fmt] = tally.rows()
         assert hidden_siblings(out) == [], context
-    print(f"query --output + Postgres restart: {POINTS} restarts, {failed} queries failed retryably, 0 partial outputs")
+    report(f"query --output + Postgres restart: {POINTS} restarts, {failed} queries failed retryably, 0 partial outputs")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fault_support import (FULL, QUERY_POINTS, QUERY, FaultWorld, Outcome, Tally, assert_clean_failure, batch, hidden_siblings,
+from fault_support import (report, FULL, QUERY_POINTS, QUERY, FaultWorld, Outcome, Tally, assert_clean_failure, batch, hidden_siblings,
                            read_output, replay, rng_for, run_and_kill)
 from iox_planner.ingest.write import write_line_protocol
 
@@ -123,4 +123,4 @@ def test_query_killed_at_random_points(fw: FaultWorld, spark: object, tmp_path: 
         outcome = _killed_run(fw, sc.db, fmt, sc.out(fmt), delay)
         state = sc.check_after_kill(fmt, outcome, old, new, context)
         states[state] = states.get(state, 0) + 1
-    print(f"query --output: {QUERY_POINTS} random kill points, outputs found {states}, 0 partial outputs")
+    report(f"query --output: {QUERY_POINTS} random kill points, outputs found {states}, 0 partial outputs")

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from fault_support import (KEYS, POINTS, FaultWorld, Tally, assert_clean_failure, batch, catalog_problems, chunk_rows,
+from fault_support import (report, KEYS, POINTS, FaultWorld, Tally, assert_clean_failure, batch, catalog_problems, chunk_rows,
                       naive_answer, replay, rng_for, rows_of_write, run_and_kill, unreferenced_files)
 from iox_planner.ingest.persist import persist
 from iox_planner.ingest.write import write_line_protocol
@@ -68,7 +68,7 @@ def test_write_killed_at_random_points(fw: FaultWorld) -> None:
         tally.apply(i)
         assert naive_answer(fw, db, "m", ("k", "time")) == tally.expected, f"{context}: rerun answer"
     _sweep_and_check(fw, db, tally, replay("write", "final sweep"))
-    print(f"write: {POINTS} kill points, {killed} killed mid-run, 0 lost points")
+    report(f"write: {POINTS} kill points, {killed} killed mid-run, 0 lost points")
 
 
 def test_write_killed_before_commit_leaves_nothing_and_its_file_is_swept(fw: FaultWorld) -> None:
@@ -120,7 +120,7 @@ def test_persist_killed_at_random_points(fw: FaultWorld) -> None:
         assert not [r for r in chunk_rows(fw.catalog, db) if r["kind"] == "ingester"], context
         assert naive_answer(fw, db, "m", ("k", "time")) == tally.expected, f"{context}: rerun answer"
     _sweep_and_check(fw, db, tally, replay("persist", "final sweep"))
-    print(f"persist: {POINTS} kill points, {killed} killed mid-run, 0 lost points")
+    report(f"persist: {POINTS} kill points, {killed} killed mid-run, 0 lost points")
 
 
 def test_persist_killed_before_commit_changes_nothing_and_its_file_is_swept(fw: FaultWorld) -> None:
