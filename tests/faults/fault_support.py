@@ -105,11 +105,18 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultWorld]:
 
 
 @pytest.fixture
-def fw(world: FaultWorld, monkeypatch: pytest.MonkeyPatch) -> FaultWorld:
-    """The world, with this process's environment pointed at it for in-process steps (restored afterwards)."""
+def fw(world: FaultWorld, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultWorld]:
+    """The world, with this process's environment pointed at it for in-process steps (restored afterwards).
+
+    publish.py keeps the publication ledger it first made in a context variable for the process's life; one made
+    here would point at this world's catalog and follow later tests of this worker, so it is reset after."""
+    from iox_planner.output import publish
+
     monkeypatch.setenv("IOX_CATALOG_URL", world.url)
     monkeypatch.setenv("IOX_WAREHOUSE", str(world.warehouse))
-    return world
+    token = publish._LEDGER.set(None)
+    yield world
+    publish._LEDGER.reset(token)
 
 
 # --- running and killing commands -------------------------------------------------------------------------------
