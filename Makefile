@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYSPARK_PIN := $(shell grep -E '^pyspark==' requirements.lock)
 PYTEST_ARGS ?=
 
-.PHONY: all venv test demo typecheck bench lock clean stop-postgres airflow-setup
+.PHONY: all venv test soak faults demo typecheck bench lock clean stop-postgres airflow-setup
 
 all: test
 
@@ -29,6 +29,16 @@ test: venv
 	$(BIN)/iox-batch catalog migrate
 	$(BIN)/python -m pytest -n 2 --ignore=tests/airflow $(PYTEST_ARGS)
 	$(BIN)/python -m pytest tests/airflow $(PYTEST_ARGS)
+
+# The soak / race test at full length (make test runs it for IOX_SOAK_SECONDS=30), and the fault-injection suite
+# with ten kill points per operation (make test samples two, one for queries).
+IOX_SOAK_SECONDS ?= 60
+soak: venv
+	IOX_SOAK_SECONDS=$(IOX_SOAK_SECONDS) $(BIN)/python -m pytest -q -s tests/test_soak.py $(PYTEST_ARGS)
+
+IOX_FAULT_POINTS ?= 10
+faults: venv
+	IOX_FAULT_POINTS=$(IOX_FAULT_POINTS) $(BIN)/python -m pytest -q -s tests/faults $(PYTEST_ARGS)
 
 demo: venv
 	bash scripts/demo.sh

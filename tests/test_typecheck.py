@@ -35,7 +35,7 @@ def test_core_imports_neither_spark_nor_airflow() -> None:
 # written out here (not derived from the code) so that a new upward import fails this test.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("iox_planner", "iox_planner.errors", "iox_planner.timeutil", "iox_planner.model",
-              "iox_planner.config", "iox_planner.sparkconf", "iox_planner.slicing")),
+              "iox_planner.config", "iox_planner.sparkconf", "iox_planner.slicing", "iox_planner.faults")),
     ("catalog", ("iox_planner.catalog",)),
     ("ingest", ("iox_planner.ingest",)),
     ("planner", ("iox_planner.planner",)),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, NoReturn
 
 from iox_planner.errors import BadInputError, IoxError
+from iox_planner.faults import kill_point
 from iox_planner.sparkconf import jobs_dir
 from iox_planner.timeutil import format_time
 
@@ -154,6 +156,7 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> 
                                 time_start=request.time_start, time_end=request.time_end,
                                 settings=PlannerSettings.from_env())
         runs.acquire_lock(catalog, key, run.holder, query_run=run_pk, ttl_seconds=settings.run_lock_ttl_s)
+        _remove_dead_stagings(request.output, staging)
         staging.reset()
         staging.plan_file.write_text(serde.plan_to_json(query_plan))
         runs.record_plan(catalog, run_pk, serde.plan_to_dict(query_plan))
@@ -166,6 +169,24 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> 
         _fail_run(err, "planning", catalog, run_pk, key, run, staging)
     finally:
         catalog.dispose()
+
+
+_STAGING_NAME = re.compile(r"\.iox-run-[0-9a-f]{16}")
+
+
+def _remove_dead_stagings(output: Path, ours: Staging) -> list[str]:
+    """Other runs' staging folders beside `output`, removed. Called holding the output's run lock: a run writes
+    its staging only while it holds that lock, and ours was free (or expired), so every other staging folder is a
+    dead run's (a commit task killed, say) and nobody else would ever remove it."""
+    prefix = f".{output.name}"
+    removed = []
+    for entry in output.parent.iterdir():
+        rest = entry.name[len(prefix):]
+        if (entry.name.startswith(prefix) and _STAGING_NAME.fullmatch(rest) and entry != ours.root
+                and entry.is_dir() and not entry.is_symlink()):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry.name)
+    return removed
 
 
 def _spark_jobs(query_plan: Any, request: QueryRequest, staging: Staging,
@@ -234,8 +255,12 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
     run_pk = int(handle["query_run"])
     key = request.lock_key()
     done = runs.get_run(catalog, run_pk)
-    if done is not None and done["status"] == runs.RunStatus.SUCCESS.value and not staging.root.exists():
-        catalog.dispose()  # this commit already happened (the task was cleared and ran again): nothing to do
+    if done is not None and done["status"] == runs.RunStatus.SUCCESS.value:
+        # This commit already happened (the task was cleared and ran again, or was killed after its transaction
+        # committed, before removing the staging folder): finish the tidying, change nothing else. Going on would
+        # find the lock released and mark a succeeded run failed.
+        staging.remove()
+        catalog.dispose()
         return CommitOutcome(run_pk, str(request.output), int(done["row_count"] or 0), None)
     try:
         fmt = spark_format(request)
@@ -256,6 +281,8 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
                 _publish(staging.result(fmt), request.output, request.format)
             runs.finish_run(catalog, run_pk, runs.RunStatus.SUCCESS, row_count=rows, conn=conn)
             runs.release_lock(catalog, key, run.holder, conn=conn)
+            kill_point("commit.before_commit")
+        kill_point("commit.after_commit")
         staging.remove()
         return CommitOutcome(run_pk, str(request.output), rows, registered)
     except BaseException as err:

@@ -41,6 +41,15 @@ class CatalogError(IoxError):
     exit_code = 3
 
 
+class CatalogUnavailableError(CatalogError):
+    """Retryable: the catalog's Postgres could not be reached, or the connection dropped mid-command (a restart,
+    a network cut). Every catalog change is one transaction, so the command changed all or nothing; running it
+    again is safe (a write that committed just before the drop and is written again deduplicates to the same
+    points). Exit status 75 (EX_TEMPFAIL) so scripts can tell it from a real error."""
+
+    exit_code = 75
+
+
 class UnsupportedError(IoxError):
     """Valid, but not something iox-batch does (yet): a function that reaches outside the catalog, say."""
 

@@ -132,8 +132,14 @@ def ensure_running() -> LocalPostgres:
 
 
 def _start() -> LocalPostgres:
+    return start_cluster(_base_dir())
+
+
+def start_cluster(base: Path, port: int | None = None) -> LocalPostgres:
+    """Start (creating it if needed) a cluster whose files live in `base` (as root: a folder `postgres` owns) on
+    `port` (default: a free one). The project's instance is one such cluster; the fault tests start their own,
+    which they may stop and restart without disturbing anyone else's catalog."""
     bin_dir = _pg_bin()
-    base = _base_dir()
     data_dir = base / "data"
     socket_dir = base / "run"
     log_file = base / "postgres.log"
@@ -149,7 +155,7 @@ def _start() -> LocalPostgres:
             raise CatalogError(f"initdb failed for the local Postgres in {data_dir}: {result.stderr.strip()}")
     if not socket_dir.exists():
         _run(["mkdir", "-p", str(socket_dir)])
-    port = _free_port()
+    port = port or _free_port()
     pg = LocalPostgres(str(data_dir), port, str(socket_dir), str(log_file))
     # A stale postmaster.pid from a killed server would make pg_ctl refuse; pg_ctl status tells if it is alive.
     status = _run([str(bin_dir / "pg_ctl"), "-D", str(data_dir), "status"], check=False)
@@ -178,9 +184,13 @@ def stop() -> None:
     state = _state_file()
     if not state.exists():
         return
-    pg = LocalPostgres(**json.loads(state.read_text()))
-    _run([str(_pg_bin() / "pg_ctl"), "-D", pg.data_dir, "-m", "fast", "-w", "stop"], check=False)
+    stop_cluster(LocalPostgres(**json.loads(state.read_text())))
     state.unlink()
+
+
+def stop_cluster(pg: LocalPostgres, mode: str = "fast") -> None:
+    """Stop a cluster started by `start_cluster` (its data stays); `mode` is pg_ctl's (smart, fast, immediate)."""
+    _run([str(_pg_bin() / "pg_ctl"), "-D", pg.data_dir, "-m", mode, "-w", "stop"], check=False)
 
 
 # The catalog's default URL lives here, not in config.py (paths and env only), so config imports nothing.

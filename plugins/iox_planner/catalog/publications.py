@@ -42,6 +42,14 @@ class CatalogLedger:
                                .where(t.c.path == str(path)).order_by(t.c.id.desc()).limit(1)).first()
         return None if row is None else Publication(row.path, row.kind, row.fingerprint, row.run)
 
+    def recent(self, path: Path, count: int) -> list[Publication]:
+        """The `count` newest records of `path`, newest first."""
+        t = output_publications
+        with self._engine().connect() as conn:
+            rows = conn.execute(sa.select(t.c.path, t.c.kind, t.c.fingerprint, t.c.run)
+                                .where(t.c.path == str(path)).order_by(t.c.id.desc()).limit(count)).all()
+        return [Publication(r.path, r.kind, r.fingerprint, r.run) for r in rows]
+
     def record(self, publication: Publication) -> None:
         with self._engine().begin() as conn:
             conn.execute(output_publications.insert().values(

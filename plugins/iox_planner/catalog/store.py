@@ -22,7 +22,7 @@ from iox_planner.catalog.schema import (
     partitions,
     tables,
 )
-from iox_planner.errors import BadInputError, CatalogError
+from iox_planner.errors import BadInputError, CatalogError, CatalogUnavailableError
 from iox_planner.model import MAX_ORDER, Chunk, ChunkKind, ColumnType, TableSchema
 from iox_planner.timeutil import NS_PER_DAY
 
@@ -98,8 +98,13 @@ class Catalog:
                             applied_at=sa.func.now()))
                     applied.append(migration)
         except sa.exc.OperationalError as err:
-            raise CatalogError(f"cannot reach the catalog at {self._safe_url()}: {err.orig}") from err
+            raise self._unreachable(err) from err
         return applied
+
+    def _unreachable(self, err: sa.exc.OperationalError) -> CatalogUnavailableError:
+        first = str(err.orig).strip().splitlines()
+        return CatalogUnavailableError(f"cannot reach the catalog at {self._safe_url()}: "
+                                       f"{first[0] if first else 'no answer'}; run the command again once it is up")
 
     def schema_version(self) -> int:
         with self.engine.connect() as conn:
@@ -113,7 +118,7 @@ class Catalog:
         try:
             current = self.schema_version()
         except sa.exc.OperationalError as err:
-            raise CatalogError(f"cannot reach the catalog at {self._safe_url()}: {err.orig}") from err
+            raise self._unreachable(err) from err
         if current < latest:
             self.migrate()
 

@@ -4,6 +4,8 @@ rows commit and removed again if the commit fails."""
 
 from __future__ import annotations
 
+import re
+import stat
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,10 +15,11 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 
 from iox_planner.catalog.names import check_name, excerpt
-from iox_planner.catalog.schema import databases, ingester_chunks, partitions, tables
+from iox_planner.catalog.schema import databases, ingester_chunks, parquet_files, partitions, tables
 from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError
+from iox_planner.faults import kill_point
 from iox_planner.ingest import files as storage
 from iox_planner.ingest.write import Staged, chunk_path
 from iox_planner.model import LOCAL_STORE, TIME, ChunkKind
@@ -74,7 +77,9 @@ def persist(
         result = _persist_partition(catalog, db_id, pid, root, after_read)
         if result is not None:
             results.append(result)
-    collect_garbage(catalog, root, DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds)
+    grace = DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds
+    collect_garbage(catalog, root, grace)
+    sweep_unreferenced(catalog, root, db_id, grace)
     return results
 
 
@@ -98,44 +103,41 @@ def _persist_partition(
     catalog: Catalog, db_id: int, partition_id: int, root: Path, after_read: Callable[[], None] | None
 ) -> PersistResult | None:
     staged = Staged(root)
-    try:
-        with catalog.engine.begin() as conn:
-            fixed_key = catalog.lock_partition(conn, partition_id)
-            chunks = catalog.chunk_rows(conn, db_id, partition_id=partition_id)
-            _check_mergeable(chunks)
-            ingester = [c for c in chunks if c.kind is ChunkKind.INGESTER]
-            if not ingester:
-                return None
-            if after_read is not None:
-                after_read()
-            first = ingester[0]
-            table_columns = catalog.table_columns(conn, first.table_id)
-            parts = [(c.order, storage.read_chunk(root / c.path, c.display_id)) for c in ingester]
-            columns = {name: table_columns[name] for c in ingester for name in c.column_names}
-            merged = storage.deduplicate(parts, columns)
-            key = storage.partition_sort_key(fixed_key, columns, merged)
-            if list(key) != list(fixed_key or []):
-                catalog.set_sort_key(conn, partition_id, key)
-            file_key = [c for c in key if c in columns]
-            merged = storage.sort_table(merged, file_key)
-            rel = chunk_path(db_id, first.table_id, partition_id)
-            staged.paths.append(root / rel)
-            size = storage.write_parquet_atomic(merged, root / rel, metadata={"iox.kind": "parquet"})
-            order = max(c.order for c in ingester)
-            mm = pc.min_max(merged[TIME]).as_py()
-            file_id = catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(
-                object_id=Path(rel).stem, label=None, table_id=first.table_id, partition_id=partition_id,
-                store=LOCAL_STORE, path=rel, min_time=mm["min"], max_time=mm["max"], row_count=merged.num_rows,
-                file_size=size, column_names=storage.column_layout(columns),
-                tag_ranges={k: list(v) for k, v in storage.tag_ranges(merged, columns).items()},
-                chunk_order=order, sort_key=file_key,
-            ))
-            catalog.retire_chunks(conn, ChunkKind.INGESTER, [c.id for c in ingester])
-            return PersistResult(first.table, first.partition, len(ingester), sum(c.row_count for c in ingester),
-                                 merged.num_rows, f"P{file_id}", order)
-    except BaseException:
-        staged.rollback()
-        raise
+    with staged.transaction(catalog) as conn:
+        fixed_key = catalog.lock_partition(conn, partition_id)
+        chunks = catalog.chunk_rows(conn, db_id, partition_id=partition_id)
+        _check_mergeable(chunks)
+        ingester = [c for c in chunks if c.kind is ChunkKind.INGESTER]
+        if not ingester:
+            return None
+        if after_read is not None:
+            after_read()
+        first = ingester[0]
+        table_columns = catalog.table_columns(conn, first.table_id)
+        parts = [(c.order, storage.read_chunk(root / c.path, c.display_id)) for c in ingester]
+        columns = {name: table_columns[name] for c in ingester for name in c.column_names}
+        merged = storage.deduplicate(parts, columns)
+        key = storage.partition_sort_key(fixed_key, columns, merged)
+        if list(key) != list(fixed_key or []):
+            catalog.set_sort_key(conn, partition_id, key)
+        file_key = [c for c in key if c in columns]
+        merged = storage.sort_table(merged, file_key)
+        rel = chunk_path(db_id, first.table_id, partition_id)
+        staged.paths.append(root / rel)
+        size = storage.write_parquet_atomic(merged, root / rel, metadata={"iox.kind": "parquet"})
+        order = max(c.order for c in ingester)
+        mm = pc.min_max(merged[TIME]).as_py()
+        file_id = catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(
+            object_id=Path(rel).stem, label=None, table_id=first.table_id, partition_id=partition_id,
+            store=LOCAL_STORE, path=rel, min_time=mm["min"], max_time=mm["max"], row_count=merged.num_rows,
+            file_size=size, column_names=storage.column_layout(columns),
+            tag_ranges={k: list(v) for k, v in storage.tag_ranges(merged, columns).items()},
+            chunk_order=order, sort_key=file_key,
+        ))
+        catalog.retire_chunks(conn, ChunkKind.INGESTER, [c.id for c in ingester])
+        kill_point("persist.before_commit")
+        return PersistResult(first.table, first.partition, len(ingester), sum(c.row_count for c in ingester),
+                             merged.num_rows, f"P{file_id}", order)
 
 
 def collect_garbage(catalog: Catalog, root: Path, grace_seconds: float) -> int:
@@ -151,6 +153,68 @@ def collect_garbage(catalog: Catalog, root: Path, grace_seconds: float) -> int:
         if store == LOCAL_STORE:
             (root / path).unlink(missing_ok=True)
     return len(expired)
+
+
+# A chunk file is written before its catalog row commits (write.py, persist above), so a command killed between
+# the two leaves a file no row names, and one killed inside `write_parquet_atomic` leaves its hidden temporary.
+# Nothing else ever deletes those: this sweep does, for one database, once they are older than the grace period
+# (a file younger than that may belong to a write still in flight). Only names iox-batch itself gives chunk
+# files, in the `<db id>/<table id>/<partition id>/` folders of this catalog's own ids, are candidates.
+_CHUNK_FILE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.parquet")
+_CHUNK_TEMP = re.compile(r"\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.parquet\.[0-9a-f]{32}\.tmp")
+
+
+def sweep_unreferenced(catalog: Catalog, root: Path, db_id: int, grace_seconds: float) -> list[str]:
+    """Delete database `db_id`'s chunk files (and chunk temporaries) that no catalog row names, live or retired,
+    once older than `grace_seconds`. Returns their warehouse-relative paths."""
+    import time
+
+    folder = root / str(db_id)
+    if not folder.is_dir():
+        return []
+    with catalog.engine.connect() as conn:
+        table_ids = {str(t) for t in catalog.table_ids(conn, db_id).values()}
+        known: set[str] = set()
+        partition_ids: dict[str, set[str]] = defaultdict(set)
+        for ct in (parquet_files, ingester_chunks):
+            rows = conn.execute(sa.select(ct.c.path).join(tables, ct.c.table_id == tables.c.id)
+                                .where(tables.c.database_id == db_id))
+            known.update(r.path for r in rows)
+        rows = conn.execute(sa.select(partitions.c.id, partitions.c.table_id)
+                            .join(tables, partitions.c.table_id == tables.c.id)
+                            .where(tables.c.database_id == db_id))
+        for r in rows:
+            partition_ids[str(r.table_id)].add(str(r.id))
+    cutoff = time.time() - grace_seconds
+    removed = []
+    for table_dir in folder.iterdir():
+        if table_dir.name not in table_ids or table_dir.is_symlink() or not table_dir.is_dir():
+            continue
+        for part_dir in table_dir.iterdir():
+            if part_dir.name not in partition_ids[table_dir.name] or part_dir.is_symlink() or not part_dir.is_dir():
+                continue
+            for entry in part_dir.iterdir():
+                rel = f"{db_id}/{table_dir.name}/{part_dir.name}/{entry.name}"
+                if not (_CHUNK_FILE.fullmatch(entry.name) or _CHUNK_TEMP.fullmatch(entry.name)) or rel in known:
+                    continue
+                try:
+                    st = entry.lstat()
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
+                    continue
+                # Checked again just before deleting: a row committed since the listing above names it.
+                if _referenced(catalog, rel):
+                    continue
+                entry.unlink(missing_ok=True)
+                removed.append(rel)
+    return removed
+
+
+def _referenced(catalog: Catalog, rel: str) -> bool:
+    with catalog.engine.connect() as conn:
+        return any(conn.execute(sa.select(ct.c.id).where(ct.c.path == rel).limit(1)).first() is not None
+                   for ct in (parquet_files, ingester_chunks))
 
 
 # --- persisting on a schedule ---------------------------------------------------------------------------------------

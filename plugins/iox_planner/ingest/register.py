@@ -164,12 +164,8 @@ def register_interval(
     root = warehouse or default_warehouse()
     if conn is None:
         staged = Staged(root)
-        try:
-            with catalog.engine.begin() as own:
-                return _register(catalog, own, staged, db, table, data, columns, start, end)
-        except BaseException:
-            staged.rollback()
-            raise
+        with staged.transaction(catalog) as own:
+            return _register(catalog, own, staged, db, table, data, columns, start, end)
     staged = Staged(root)
     try:
         result = _register(catalog, conn, staged, db, table, data, columns, start, end)

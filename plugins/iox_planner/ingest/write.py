@@ -4,12 +4,13 @@ failed command leaves catalog and warehouse as they were."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,6 +22,7 @@ from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.store import Catalog
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError
+from iox_planner.faults import kill_point
 from iox_planner.ingest.lineprotocol import LineError, Point, Precision, decode_utf8, describe_errors, parse
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, now_ns, partition_of
@@ -60,6 +62,23 @@ class Staged:
     def rollback(self) -> None:
         for path in self.paths:
             path.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def transaction(self, catalog: Catalog) -> Iterator[Connection]:
+        """`catalog.engine.begin()` that removes the staged files when the transaction rolls back. An error from
+        the COMMIT itself leaves them: the connection may have dropped after Postgres committed, and a file a
+        committed row names must never go. If it did not commit, they are files no row names, which persist's
+        grace-period sweep (`persist.sweep_unreferenced`) removes."""
+        with catalog.engine.connect() as conn:
+            trans = conn.begin()
+            try:
+                yield conn
+            except BaseException:
+                with contextlib.suppress(Exception):  # a dead connection cannot roll back, nor commit
+                    trans.rollback()
+                self.rollback()
+                raise
+            trans.commit()
 
 
 def chunk_path(db_id: int, table_id: int, partition_id: int) -> str:
@@ -125,14 +144,12 @@ def write_points(
     root = warehouse or default_warehouse()
     if conn is None:
         own_staged = Staged(root)
-        try:
-            with catalog.engine.begin() as own:
-                return write_points(catalog, db, points, orders=orders, labels=labels, kind=kind,
-                                    sort_key=sort_key, store=store, accept_partial=accept_partial, conn=own,
-                                    staged=own_staged, warehouse=root)
-        except BaseException:
-            own_staged.rollback()
-            raise
+        with own_staged.transaction(catalog) as own:
+            result = write_points(catalog, db, points, orders=orders, labels=labels, kind=kind,
+                                  sort_key=sort_key, store=store, accept_partial=accept_partial, conn=own,
+                                  staged=own_staged, warehouse=root)
+            kill_point("write.before_commit")
+        return result
     assert staged is not None
     db_id = catalog.ensure_database(conn, db)
     catalog.lock_orders(conn, db_id)
@@ -232,19 +249,15 @@ def write_table(
     import numpy as np
 
     staged = Staged(warehouse or default_warehouse())
-    try:
-        with catalog.engine.begin() as conn:
-            db_id = catalog.ensure_database(conn, db)
-            days = np.floor_divide(data[TIME].to_numpy(), NS_PER_DAY)
-            written = []
-            for day in np.unique(days):
-                part = data.filter(pa.array(days == day))
-                written.append(store_chunk(catalog, conn, staged, db_id, table_name,
-                                           partition_of(int(day) * NS_PER_DAY), part, columns, kind=kind))
-            return written
-    except BaseException:
-        staged.rollback()
-        raise
+    with staged.transaction(catalog) as conn:
+        db_id = catalog.ensure_database(conn, db)
+        days = np.floor_divide(data[TIME].to_numpy(), NS_PER_DAY)
+        written = []
+        for day in np.unique(days):
+            part = data.filter(pa.array(days == day))
+            written.append(store_chunk(catalog, conn, staged, db_id, table_name,
+                                       partition_of(int(day) * NS_PER_DAY), part, columns, kind=kind))
+    return written
 
 
 def _as_persisted(

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import fcntl
 import hashlib
 import os
+import re
 import shutil
 import stat
 import uuid
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from iox_planner.errors import BadInputError
+from iox_planner.faults import kill_point
 
 # # A path is replaced only when the thing at it still matches the catalog's newest record of what iox-batch
 # published there (publications.py). A marker file proved nothing: a query's output, or anyone, could plant one.
@@ -183,14 +186,25 @@ def check_destination(path: Path | str, *, folder: bool) -> Path:
     if not folder and target.is_dir():
         raise BadInputError(f"cannot write a file at {_short(str(target))}: a folder is there; remove it or choose "
                             "another path")
-    record = _ledger().latest(target)
-    if record is None or record.kind != want:
+    records = [r for r in _recent(target) if r.kind == want]
+    if not records:
         raise BadInputError(f"{_short(str(target))} exists and was not written by iox-batch, so it is not replaced; "
                             "remove it or choose another path")
-    if record.fingerprint != fingerprint(target):
+    # A publication is recorded just BEFORE its rename (so a run killed after the rename leaves a path its rerun
+    # may replace); a run killed between the two left the previous publication in place, so the two newest
+    # records both vouch for what iox-batch put there.
+    if fingerprint(target) not in {r.fingerprint for r in records}:
         raise BadInputError(f"{_short(str(target))} was written by iox-batch but changed since (by someone else), so "
                             "it is not replaced; remove it or choose another path")
     return target
+
+
+def _recent(target: Path) -> list[Any]:
+    ledger = _ledger()
+    if hasattr(ledger, "recent"):
+        return list(ledger.recent(target, 2))
+    latest = ledger.latest(target)
+    return [] if latest is None else [latest]
 
 
 class _Folder:
@@ -208,9 +222,76 @@ class _Folder:
         os.close(self.fd)
 
 
-def _temp_name(name: str, suffix: str) -> str:
+def _temp_name(name: str, suffix: str, token: str | None = None) -> str:
     # Hidden, random, and derived from nothing a query controls: a hostile query cannot name it in advance.
-    return f".{name[:100]}.{uuid.uuid4().hex}.{suffix}"
+    return f".{name[:100]}.{token or uuid.uuid4().hex}.{suffix}"
+
+
+# --- what a killed run leaves behind ----------------------------------------------------------------------------------
+# A run publishing `name` holds an exclusive flock on `.<name>.<token>.lock` from before it creates its staged
+# `.<name>.<token>.tmp` until it is done; the old output it moves aside is `.<name>.<token>.old`. The kernel drops
+# the lock when the process dies however it dies (SIGKILL included), so the next run publishing the same name
+# finds the lock free and removes that token's leftovers. A live run's lock is never free, so its files are never
+# touched; only names of exactly this form, next to this output, are.
+_TOKEN = re.compile(r"[0-9a-f]{32}")
+
+
+class _RunLock:
+    def __init__(self, parent: _Folder, name: str) -> None:
+        self.token = uuid.uuid4().hex
+        self.name = _temp_name(name, "lock", self.token)
+        self.parent = parent
+        self.fd = os.open(self.name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=parent.fd)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.name, dir_fd=self.parent.fd)
+        os.close(self.fd)
+
+
+def sweep_leftovers(parent: _Folder, name: str) -> list[str]:
+    """Remove the staged and set-aside copies of `name` left by publishing runs that died. Returns their names."""
+    prefix = f".{name[:100]}."
+    removed: list[str] = []
+    for entry in os.listdir(parent.fd):
+        if not (entry.startswith(prefix) and entry.endswith(".lock")):
+            continue
+        token = entry[len(prefix):-len(".lock")]
+        if not _TOKEN.fullmatch(token):
+            continue
+        try:
+            fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=parent.fd)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its run is alive
+            for suffix in ("tmp", "old"):
+                leftover = _temp_name(name, suffix, token)
+                st = _lstat_at(parent, leftover)
+                if st is None:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(leftover, ignore_errors=True, dir_fd=parent.fd)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(leftover, dir_fd=parent.fd)
+                removed.append(leftover)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry, dir_fd=parent.fd)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _lstat_at(parent: _Folder, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
 
 
 @contextlib.contextmanager
@@ -219,18 +300,23 @@ def staged_file(path: Path) -> Iterator[Path]:
     the publication in the catalog."""
     target = check_destination(path, folder=False)
     parent = _Folder(target.parent)
-    tmp_name = _temp_name(target.name, "tmp")
+    sweep_leftovers(parent, target.name)
+    lock = _RunLock(parent, target.name)
+    tmp_name = _temp_name(target.name, "tmp", lock.token)
     tmp = target.parent / tmp_name
     try:
         yield tmp
         published = fingerprint(tmp)
         if os.path.lexists(target):
             check_destination(target, folder=False)  # still the thing we checked (or gone)
-        os.replace(tmp_name, target.name, src_dir_fd=parent.fd, dst_dir_fd=parent.fd)
         _ledger().record(_publication(target, "file", published))
+        kill_point("publish.before_rename")
+        os.replace(tmp_name, target.name, src_dir_fd=parent.fd, dst_dir_fd=parent.fd)
+        kill_point("publish.after_rename")
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name, dir_fd=parent.fd)
+        lock.release()
         parent.close()
 
 
@@ -240,18 +326,25 @@ def staged_folder(path: Path) -> Iterator[Path]:
     publication in the catalog."""
     target = check_destination(path, folder=True)
     parent = _Folder(target.parent)
-    tmp_name = _temp_name(target.name, "tmp")
+    sweep_leftovers(parent, target.name)
+    lock = _RunLock(parent, target.name)
+    tmp_name = _temp_name(target.name, "tmp", lock.token)
     tmp = target.parent / tmp_name
     try:
         yield tmp
         if not tmp.is_dir() or tmp.is_symlink():
             raise BadInputError(f"the result for {_short(str(target))} was not written as a folder")
         published = fingerprint(tmp)
-        publish_folder(tmp, target, _dir_fd=parent.fd)
+        if os.path.lexists(target):
+            check_destination(target, folder=True)  # still the thing we checked (or gone)
         _ledger().record(_publication(target, "folder", published))
+        kill_point("publish.before_rename")
+        publish_folder(tmp, target, _dir_fd=parent.fd, _token=lock.token)
+        kill_point("publish.after_rename")
     finally:
         if os.path.lexists(tmp):
             shutil.rmtree(tmp_name, ignore_errors=True, dir_fd=parent.fd)
+        lock.release()
         parent.close()
 
 
@@ -261,7 +354,7 @@ def _publication(target: Path, kind: str, fp: str) -> Any:
     return Publication(str(target), kind, fp, _run_label())
 
 
-def publish_folder(tmp: Path, path: Path, *, _dir_fd: int | None = None) -> None:
+def publish_folder(tmp: Path, path: Path, *, _dir_fd: int | None = None, _token: str | None = None) -> None:
     """Swap a finished folder in: the old one (checked to be ours) moves aside, the new one takes its name, the
     old goes. Both live in one folder, so each step is a rename."""
     own = _dir_fd is None
@@ -271,8 +364,9 @@ def publish_folder(tmp: Path, path: Path, *, _dir_fd: int | None = None) -> None
         old_name = None
         if os.path.lexists(path):
             check_destination(path, folder=True)  # still the thing we checked
-            old_name = _temp_name(path.name, "old")
+            old_name = _temp_name(path.name, "old", _token)
             os.replace(path.name, old_name, src_dir_fd=fd, dst_dir_fd=fd)
+            kill_point("publish.old_moved_aside")
         os.replace(tmp.name, path.name, src_dir_fd=fd, dst_dir_fd=fd)
         if old_name is not None:
             shutil.rmtree(old_name, ignore_errors=True, dir_fd=fd)

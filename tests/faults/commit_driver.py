@@ -1,0 +1,32 @@
+"""Runs the DAGs' commit step (dags/iox_airflow/runs.py `commit`) for one prepared run, as the commit task would,
+in a process of its own that the fault tests kill. Argument: a JSON spec (request, run identity, handle)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[2] / "dags"))
+
+from iox_airflow.query_request import QueryRequest, RegisterAs, ResultFormat  # noqa: E402
+from iox_airflow.runs import RunFailed, RunIdentity, commit  # noqa: E402
+
+
+def main() -> int:
+    spec = json.loads(sys.argv[1])
+    r = spec["request"]
+    request = QueryRequest(db=r["db"], sql=r["sql"], output=Path(r["output"]), format=ResultFormat(r["format"]),
+                           time_start=r["time_start"], time_end=r["time_end"], definition=r["definition"],
+                           register_as=RegisterAs(r["register_table"], tuple(r["register_tags"])))
+    try:
+        outcome = commit(request, RunIdentity(spec["dag_id"], spec["run_id"]), spec["handle"])
+    except RunFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps({"rows": outcome.rows, "registered": outcome.registered}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""The catalog's Postgres (the suite's OWN cluster, never the project's) stopped and restarted in the middle of a
+write, a persist and a query --output, at seeded random moments across each command's measured duration. The
+command either succeeds or fails with one paragraph (the retryable CatalogUnavailableError, exit 75); afterwards
+the catalog is consistent, a write is all or nothing, no partial output is visible, and rerunning the command
+gives the tally's answer."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from fault_support import (report, KEYS, POINTS, QUERY, FaultWorld, Outcome, Tally, assert_clean_failure, batch,
+                           catalog_problems, hidden_siblings, naive_answer, read_output, replay, rng_for,
+                           rows_of_write, run_and_kill, unreferenced_files)
+from iox_planner.ingest.persist import persist
+from iox_planner.ingest.write import write_line_protocol
+
+pytestmark = pytest.mark.slow
+
+# CI restarts Postgres once per operation (the CI budget); an explicit IOX_FAULT_POINTS applies here too.
+RESTARTS = POINTS if "IOX_FAULT_POINTS" in os.environ else 1
+
+
+class Restarter:
+    """Stops the cluster after `delay` seconds (immediate mode: a crash, no checkpoint), keeps it down for
+    `down` seconds, starts it again on the same port."""
+
+    def __init__(self, fw: FaultWorld, delay: float, down: float = 0.7) -> None:
+        self.fw = fw
+        self.delay = delay
+        self.down = down
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            time.sleep(self.delay)
+            self.fw.stop_pg("immediate")
+            time.sleep(self.down)
+            self.fw.start_pg()
+        except BaseException as err:  # noqa: BLE001 - reported by join()
+            self.error = err
+
+    def __enter__(self) -> "Restarter":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive(), "Postgres did not come back"
+        if self.error is not None:
+            raise self.error
+
+
+def _failed_retryably(outcome: Outcome, context: str) -> bool:
+    assert_clean_failure(outcome, context)
+    if outcome.returncode != 0:
+        assert outcome.returncode == 75, f"{context}: not the retryable catalog error: {outcome.stderr[:2000]}"
+        return True
+    return False
+
+
+def _measure(run: Callable[[], object]) -> float:
+    started = time.monotonic()
+    run()
+    return time.monotonic() - started
+
+
+def test_postgres_restarted_during_write(fw: FaultWorld) -> None:
+    rng = rng_for("postgres-write")
+    db = f"pw_{uuid.uuid4().hex[:10]}"
+    tally = Tally()
+    first = run_and_kill(["write", "--db", db, "-"], fw.env(), None, stdin=batch(0))
+    assert first.returncode == 0, first.stderr
+    tally.apply(0)
+    failed = 0
+    for point in range(RESTARTS):
+        i = point + 1
+        delay = rng.uniform(0, first.seconds * 1.1)
+        context = replay("write + Postgres restart", f"{point} (stop after {delay:.3f} s of {first.seconds:.3f} s)")
+        with Restarter(fw, delay):
+            outcome = run_and_kill(["write", "--db", db, "-"], fw.env(), None, stdin=batch(i))
+        failed += _failed_retryably(outcome, context)
+        assert catalog_problems(fw, db) == [], context
+        landed = rows_of_write(fw, db, i)
+        assert landed == (2 * KEYS if outcome.returncode == 0 else landed) and landed in (0, 2 * KEYS), context
+        rerun = run_and_kill(["write", "--db", db, "-"], fw.env(), None, stdin=batch(i))
+        assert rerun.returncode == 0, f"{context}: the rerun failed: {rerun.stderr}"
+        tally.apply(i)
+        assert naive_answer(fw, db, "m", ("k", "time")) == tally.expected, context
+    persist(fw.catalog, db, warehouse=fw.warehouse, grace_seconds=0)
+    assert unreferenced_files(fw, db) == [] and catalog_problems(fw, db) == []
+    assert naive_answer(fw, db, "m", ("k", "time")) == tally.expected
+    report(f"write + Postgres restart: {RESTARTS} restarts, {failed} writes failed retryably, 0 lost points")
+
+
+def test_postgres_restarted_during_persist(fw: FaultWorld) -> None:
+    rng = rng_for("postgres-persist")
+    db = f"pp_{uuid.uuid4().hex[:10]}"
+    tally = Tally()
+    write_line_protocol(fw.catalog, db, batch(0))
+    tally.apply(0)
+    first = run_and_kill(["persist", "--db", db], fw.env(), None)
+    assert first.returncode == 0, first.stderr
+    failed = 0
+    for point in range(RESTARTS):
+        i = point + 1
+        write_line_protocol(fw.catalog, db, batch(i))
+        tally.apply(i)
+        delay = rng.uniform(0, first.seconds * 1.1)
+        context = replay("persist + Postgres restart", f"{point} (stop after {delay:.3f} s of {first.seconds:.3f} s)")
+        with Restarter(fw, delay):
+            outcome = run_and_kill(["persist", "--db", db], fw.env(), None)
+        failed += _failed_retryably(outcome, context)
+        assert catalog_problems(fw, db) == [], context
+        assert naive_answer(fw, db, "m", ("k", "time")) == tally.expected, context
+        rerun = run_and_kill(["persist", "--db", db], fw.env(), None)
+        assert rerun.returncode == 0, f"{context}: the rerun failed: {rerun.stderr}"
+        assert naive_answer(fw, db, "m", ("k", "time")) == tally.expected, context
+    persist(fw.catalog, db, warehouse=fw.warehouse, grace_seconds=0)
+    assert unreferenced_files(fw, db) == [] and catalog_problems(fw, db) == []
+    report(f"persist + Postgres restart: {RESTARTS} restarts, {failed} persists failed retryably, 0 lost points")
+
+
+@pytest.mark.spark
+def test_postgres_restarted_during_query_output(fw: FaultWorld, spark: object, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """In this process (the shared SparkSession; a JVM per point would cost CI minutes): the catalog is read
+    while planning and written when publishing, so a restart can hit either."""
+    from iox_planner.catalog.publications import CatalogLedger
+    from iox_planner.cli.main import main
+    from iox_planner.output.publish import publishing_as
+
+    rng = rng_for("postgres-query")
+    db = f"pq_{uuid.uuid4().hex[:10]}"
+    tally = Tally()
+    for i in range(3):
+        write_line_protocol(fw.catalog, db, batch(i))
+        tally.apply(i)
+    formats = ("csv", "parquet", "jsonl")
+
+    def query(fmt: str) -> int:
+        with publishing_as("fault test", CatalogLedger(fw.catalog)):
+            return main(["query", "--db", db, QUERY, "--format", fmt, "--output", str(tmp_path / f"r.{fmt}")])
+
+    duration = _measure(lambda: query("csv"))
+    assert read_output(tmp_path / "r.csv", "csv") == tally.rows()
+    published = {"csv": tally.rows()}  # what each output path last received, by the test's own account
+    failed = 0
+    for point in range(RESTARTS):
+        fmt = formats[point % len(formats)]
+        out = tmp_path / f"r.{fmt}"
+        old = published.get(fmt)
+        i = point + 3
+        write_line_protocol(fw.catalog, db, batch(i))
+        tally.apply(i)
+        delay = rng.uniform(0, duration * 1.1)
+        context = replay(f"query --format {fmt} + Postgres restart", f"{point} (stop after {delay:.3f} s)")
+        capsys.readouterr()
+        with Restarter(fw, delay):
+            code = query(fmt)
+        stderr = capsys.readouterr().err
+        if code != 0:
+            failed += 1
+            assert code == 75 and stderr.startswith("error: ") and "Traceback" not in stderr, f"{context}: {stderr}"
+            if out.exists():
+                assert read_output(out, fmt) == old, f"{context}: a partial output is visible"
+        else:
+            assert read_output(out, fmt) == tally.rows(), context
+        assert query(fmt) == 0, f"{context}: the rerun failed: {capsys.readouterr().err}"
+        assert read_output(out, fmt) == tally.rows(), f"{context}: the rerun's answer"
+        published[fmt] = tally.rows()
+        assert hidden_siblings(out) == [], context
+    report(f"query --output + Postgres restart: {RESTARTS} restarts, {failed} queries failed retryably, 0 partial outputs")
