@@ -9,7 +9,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,8 +21,9 @@ from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.store import Catalog
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError
-from iox_planner.ingest.lineprotocol import LineError, Point, Precision, decode_utf8, describe_errors, parse
-from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, ChunkKind, ColumnType
+from iox_planner.ingest.blocks import text_blocks
+from iox_planner.ingest.lineprotocol import LineError, Point, Precision, StreamParser, decode_utf8, describe_errors
+from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, WRITE_SEQ, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, now_ns, partition_of
 
 @dataclass(frozen=True)
@@ -271,6 +272,23 @@ def _as_persisted(
     return storage.sort_table(deduped, file_key), file_key
 
 
+def write_chunk_rows(env: Mapping[str, str] | None = None) -> int:
+    """`IOX_WRITE_CHUNK_ROWS`: the most rows one ingester chunk of a write holds (a larger write of one table and
+    day becomes several chunks, newest last); it bounds what a write keeps in memory."""
+    import os
+
+    text = (os.environ if env is None else env).get("IOX_WRITE_CHUNK_ROWS", "")
+    if not text:
+        return DEFAULT_CHUNK_ROWS
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_WRITE_POSITION + 1:
+        raise BadInputError(f"IOX_WRITE_CHUNK_ROWS={text[:32]!r} is not allowed: it must be a whole number from 1 to "
+                            f"{MAX_WRITE_POSITION + 1}; unset it to use the default ({DEFAULT_CHUNK_ROWS})")
+    return int(text)
+
+
+DEFAULT_CHUNK_ROWS = 500_000
+
+
 def write_line_protocol(
     catalog: Catalog,
     db: str,
@@ -279,19 +297,140 @@ def write_line_protocol(
     precision: Precision = Precision.NS,
     accept_partial: bool = False,
     source: str = "input",
+    chunk_rows: int | None = None,
 ) -> WriteResult:
-    """`iox-batch write`: parse everything first; a write with bad lines is rejected whole (nothing stored) unless
-    `accept_partial`, which stores the good lines and reports the bad ones."""
+    """`iox-batch write` over a text in memory (see `write_line_blocks`)."""
+    return write_line_blocks(catalog, db, text_blocks(text), precision=precision, accept_partial=accept_partial,
+                             source=source, chunk_rows=chunk_rows)
+
+
+def write_line_blocks(
+    catalog: Catalog,
+    db: str,
+    blocks: Iterable[tuple[list[str], bool]],
+    *,
+    precision: Precision = Precision.NS,
+    accept_partial: bool = False,
+    source: str = "input",
+    chunk_rows: int | None = None,
+    warehouse: Path | None = None,
+) -> WriteResult:
+    """`iox-batch write`, streaming: blocks of lines are parsed one at a time and their rows gathered per (table,
+    day); a table and day holding `chunk_rows` rows is written out as one ingester chunk, the rest at the end, all
+    registered in one transaction. A write with bad lines is rejected whole (nothing stored, every bad line
+    counted) unless `accept_partial`, which stores the good lines and reports the bad ones; lines that conflict
+    with the catalog's columns likewise."""
     check_db_name(db)
-    result = parse(text, precision=precision, default_time=now_ns())
-    if result.errors and not accept_partial:
-        raise BadInputError(_errors_paragraph(result.errors, f"nothing was written from {source}"))
-    if not result.points:
-        if result.errors:
-            raise BadInputError(_errors_paragraph(result.errors, f"nothing was written from {source}"))
+    limit = chunk_rows or write_chunk_rows()
+    parser = StreamParser(precision=precision, default_time=now_ns())
+    staged = Staged(warehouse or default_warehouse())
+    try:
+        with catalog.engine.begin() as conn:
+            result = _write_blocks(catalog, conn, staged, db, blocks, parser, accept_partial, source, limit)
+    except BaseException:
+        staged.rollback()
+        raise
+    return result
+
+
+class _Pending:
+    """Rows of one (table, day) not yet written: Arrow pieces with the columns each has, and their lines."""
+
+    __slots__ = ("pieces", "rows", "first_line", "last_line")
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[dict[str, ColumnType], pa.Table]] = []
+        self.rows = 0
+        self.first_line = 0
+        self.last_line = 0
+
+    def add(self, columns: dict[str, ColumnType], table: pa.Table, first_line: int, last_line: int) -> None:
+        if not self.pieces:
+            self.first_line = first_line
+        self.pieces.append((columns, table))
+        self.rows += table.num_rows
+        self.last_line = last_line
+
+    def take(self) -> tuple[dict[str, ColumnType], pa.Table, set[int]]:
+        """Everything pending as one table in `arrow_schema` layout, `__seq` renumbered from 0."""
+        columns: dict[str, ColumnType] = {}
+        for cols, _ in self.pieces:
+            columns.update(cols)
+        schema = storage.arrow_schema(columns, with_seq=True)
+        tables = []
+        for _, table in self.pieces:
+            arrays = [table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+                      for f in schema]
+            tables.append(pa.Table.from_arrays(arrays, schema=schema))
+        data = pa.concat_tables(tables).combine_chunks()
+        data = data.set_column(len(schema) - 1, schema.field(WRITE_SEQ),
+                               pa.array(range(data.num_rows), type=pa.int64()))
+        lines = {self.first_line, self.last_line}
+        self.pieces, self.rows = [], 0
+        return columns, data, lines
+
+
+def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
+                  blocks: Iterable[tuple[list[str], bool]], parser: StreamParser, accept_partial: bool, source: str,
+                  limit: int) -> WriteResult:
+    db_id = catalog.ensure_database(conn, db)
+    catalog.lock_orders(conn, db_id)
+    pending: dict[tuple[str, str], _Pending] = {}
+    conflicts: list[LineError] = []
+    written: list[WrittenChunk] = []
+    points_seen = 0
+    good_seen = 0
+
+    def flush(key: tuple[str, str]) -> None:
+        columns, data, lines = pending[key].take()
+        for start in range(0, data.num_rows, limit):
+            part = data.slice(start, limit)
+            if start:
+                part = part.set_column(part.num_columns - 1, part.schema.field(WRITE_SEQ),
+                                       pa.array(range(part.num_rows), type=pa.int64()))
+            written.append(store_chunk(catalog, conn, staged, db_id, key[0], key[1], part, columns,
+                                       kind=ChunkKind.INGESTER, lines=lines))
+
+    for lines, final in blocks:
+        points = parser.feed(lines, final=final)
+        points_seen += len(points)
+        if (parser.errors and not accept_partial) or not points:
+            continue  # the write fails at the end; keep reading only to report every bad line
+        found = _check_against_catalog(catalog, conn, db_id, points)
+        if found:
+            conflicts.extend(found)
+            bad = {e.line for e in found}
+            points = [p for p in points if p.line not in bad]
+        if conflicts and not accept_partial:
+            continue
+        good_seen += len(points)
+        groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
+        for point in points:
+            groups[(point.measurement, partition_of(point.time))].append(point)
+        for key, group in groups.items():
+            columns = storage.chunk_columns(group)
+            entry = pending.setdefault(key, _Pending())
+            entry.add(columns, storage.points_to_table(group, columns), group[0].line, group[-1].line)
+            if entry.rows >= limit:
+                flush(key)
+        # Many tables or days at once: bound what waits, writing the largest out first.
+        while sum(p.rows for p in pending.values()) > limit:
+            flush(max(pending, key=lambda k: pending[k].rows))
+
+    errors = parser.errors
+    if errors and not accept_partial:
+        raise BadInputError(_errors_paragraph(errors, f"nothing was written from {source}"))
+    if not points_seen:
+        if errors:
+            raise BadInputError(_errors_paragraph(errors, f"nothing was written from {source}"))
         raise BadInputError(f"nothing to write: {source} holds no line protocol points")
-    written = write_points(catalog, db, result.points, accept_partial=accept_partial)
-    return WriteResult(written.chunks, tuple(sorted([*result.errors, *written.rejected], key=lambda e: e.line)))
+    if conflicts and not accept_partial:
+        raise BadInputError(_errors_paragraph(conflicts, f"nothing was written to {db!r}"))
+    if not good_seen:
+        raise BadInputError(f"nothing to write to {db!r}: the input holds no valid point")
+    for key in sorted(k for k, p in pending.items() if p.rows):
+        flush(key)
+    return WriteResult(tuple(written), tuple(sorted([*errors, *conflicts], key=lambda e: e.line)))
 
 
 def read_input(source: str) -> tuple[str, str]:
