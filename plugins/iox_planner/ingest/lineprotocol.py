@@ -834,6 +834,8 @@ class StreamParser:
         self.heads: dict[str, _Head] = {}
         self.names: dict[str, str] = {}
         self.errors: list[LineError] = []
+        self.vector_heads: dict[str, tuple[str, dict[str, str]]] = {}
+        """Heads the vectorized path (`lp_vector.py`) already checked, by text."""
         self.lines_read = 0
         """Physical lines consumed so far (the next block's first line is this plus one)."""
         self._carry: list[str] = []

@@ -21,7 +21,8 @@ from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.store import Catalog
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError
-from iox_planner.ingest.blocks import text_blocks
+from iox_planner.ingest.blocks import Block, text_blocks
+from iox_planner.ingest.lp_vector import parse_block
 from iox_planner.ingest.lineprotocol import LineError, Point, Precision, StreamParser, decode_utf8, describe_errors
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, WRITE_SEQ, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, now_ns, partition_of
@@ -300,14 +301,14 @@ def write_line_protocol(
     chunk_rows: int | None = None,
 ) -> WriteResult:
     """`iox-batch write` over a text in memory (see `write_line_blocks`)."""
-    return write_line_blocks(catalog, db, text_blocks(text), precision=precision, accept_partial=accept_partial,
+    return write_line_blocks(catalog, db, text_blocks(text, source), precision=precision, accept_partial=accept_partial,
                              source=source, chunk_rows=chunk_rows)
 
 
 def write_line_blocks(
     catalog: Catalog,
     db: str,
-    blocks: Iterable[tuple[list[str], bool]],
+    blocks: Iterable[Block],
     *,
     precision: Precision = Precision.NS,
     accept_partial: bool = False,
@@ -371,7 +372,7 @@ class _Pending:
 
 
 def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
-                  blocks: Iterable[tuple[list[str], bool]], parser: StreamParser, accept_partial: bool, source: str,
+                  blocks: Iterable[Block], parser: StreamParser, accept_partial: bool, source: str,
                   limit: int) -> WriteResult:
     db_id = catalog.ensure_database(conn, db)
     catalog.lock_orders(conn, db_id)
@@ -391,8 +392,32 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
             written.append(store_chunk(catalog, conn, staged, db_id, key[0], key[1], part, columns,
                                        kind=ChunkKind.INGESTER, lines=lines))
 
-    for lines, final in blocks:
-        points = parser.feed(lines, final=final)
+    known: dict[str, Mapping[str, ColumnType]] = {}
+
+    def catalog_columns(table: str) -> Mapping[str, ColumnType]:
+        if table not in known:
+            table_id = catalog.table_ids(conn, db_id).get(table)
+            known[table] = {} if table_id is None else catalog.table_columns(conn, table_id)
+        return known[table]
+
+    for block in blocks:
+        # Regular blocks take the vectorized path; any line it does not take sends the block to the exact parser.
+        pieces = parse_block(block.arrow(), parser, catalog_columns)
+        if pieces is not None:
+            points_seen += sum(p.table.num_rows for p in pieces)
+            if (parser.errors or conflicts) and not accept_partial:
+                continue
+            for piece in pieces:
+                good_seen += piece.table.num_rows
+                key = (piece.measurement, piece.partition)
+                entry = pending.setdefault(key, _Pending())
+                entry.add(piece.columns, piece.table, piece.first_line, piece.last_line)
+                if entry.rows >= limit:
+                    flush(key)
+            while sum(p.rows for p in pending.values()) > limit:
+                flush(max(pending, key=lambda k: pending[k].rows))
+            continue
+        points = parser.feed(block.lines(), final=block.final)
         points_seen += len(points)
         if (parser.errors and not accept_partial) or not points:
             continue  # the write fails at the end; keep reading only to report every bad line
