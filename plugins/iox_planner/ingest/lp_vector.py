@@ -230,8 +230,7 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
     pieces: list[Piece] = []
     for measurement in sorted(plan):
         cols = plan[measurement]
-        heads_here = np.array([h for h, (m, _) in enumerate(heads) if m == measurement])
-        in_measurement = np.isin(head_codes, heads_here)
+        in_measurement = np.isin(head_codes, np.array([h for h, (m, _) in enumerate(heads) if m == measurement]))
         for day in np.unique(days[in_measurement]):
             sel = np.flatnonzero(in_measurement & (days == day))
             take = pa.array(sel)

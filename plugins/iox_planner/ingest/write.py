@@ -9,7 +9,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,7 +22,7 @@ from iox_planner.catalog.store import Catalog
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.blocks import Block, text_blocks
-from iox_planner.ingest.lp_vector import parse_block
+from iox_planner.ingest.lp_vector import Piece, parse_block
 from iox_planner.ingest.lineprotocol import LineError, Point, Precision, StreamParser, decode_utf8, describe_errors
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, WRITE_SEQ, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, now_ns, partition_of
@@ -334,6 +334,16 @@ def write_line_blocks(
     return result
 
 
+def parse_blocks(blocks: Iterable[Block], parser: StreamParser,
+                 catalog_columns: Callable[[str], Mapping[str, ColumnType]] | None = None,
+                 ) -> Iterator[list[Piece] | list[Point]]:
+    """Each block parsed: Arrow pieces from the vectorized path when it takes the whole block, else the exact
+    parser's points (errors go to `parser.errors`)."""
+    for block in blocks:
+        pieces = parse_block(block.arrow(), parser, catalog_columns)
+        yield pieces if pieces is not None else parser.feed(block.lines(), final=block.final)
+
+
 class _Pending:
     """Rows of one (table, day) not yet written: Arrow pieces with the columns each has, and their lines."""
 
@@ -400,10 +410,9 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
             known[table] = {} if table_id is None else catalog.table_columns(conn, table_id)
         return known[table]
 
-    for block in blocks:
-        # Regular blocks take the vectorized path; any line it does not take sends the block to the exact parser.
-        pieces = parse_block(block.arrow(), parser, catalog_columns)
-        if pieces is not None:
+    for parsed in parse_blocks(blocks, parser, catalog_columns):
+        if parsed and isinstance(parsed[0], Piece):
+            pieces = [p for p in parsed if isinstance(p, Piece)]
             points_seen += sum(p.table.num_rows for p in pieces)
             if (parser.errors or conflicts) and not accept_partial:
                 continue
@@ -417,7 +426,7 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
             while sum(p.rows for p in pending.values()) > limit:
                 flush(max(pending, key=lambda k: pending[k].rows))
             continue
-        points = parser.feed(block.lines(), final=block.final)
+        points = cast(list[Point], parsed)
         points_seen += len(points)
         if (parser.errors and not accept_partial) or not points:
             continue  # the write fails at the end; keep reading only to report every bad line
