@@ -69,6 +69,46 @@ def _field_column(values: pa.Array) -> tuple[ColumnType, pa.Array] | None:
     return None
 
 
+# Bytes that send a block to the exact parser: backslash, double quote, and the control characters (CR included).
+_SPECIAL = np.zeros(256, dtype=bool)
+_SPECIAL[[*range(0x20), 0x7F, ord("\\"), ord('"')]] = True
+
+
+def _has_special_bytes(arr: pa.Array) -> bool:
+    """Whether any line holds a special byte: one table lookup over the array's UTF-8 bytes (a multi-byte
+    character never contains a byte below 0x80)."""
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + len(arr) + 1]
+    data = arr.buffers()[2]
+    if data is None or offsets[-1] == offsets[0]:
+        return False
+    raw = np.frombuffer(data, dtype=np.uint8)[offsets[0]:offsets[-1]]
+    return bool(_SPECIAL[raw].any())
+
+
+def _layouts_by_count(body: pa.Array) -> tuple[list[str], np.ndarray] | None:
+    """The usual case without a regex: bodies with the same number of fields that all have the same keys in the
+    same order (checked with `starts_with`); as (layout texts like `a=,b=`, each row's layout index), or None
+    when rows with the same field count differ in keys (then the general regex way decides)."""
+    items = pc.split_pattern(body, ",")
+    counts = pc.list_value_length(items).to_numpy()
+    texts: list[str] = []
+    codes = np.empty(len(counts), dtype=np.int64)
+    for count in np.unique(counts):
+        rows = np.flatnonzero(counts == count)
+        subset = items.take(pa.array(rows))
+        keys = []
+        for j, item in enumerate(subset[0].as_py()):
+            key, sep, _ = item.partition("=")
+            if not sep:
+                return None
+            if not _all(pc.starts_with(pc.list_element(subset, j), key + "=")):
+                return None
+            keys.append(key)
+        codes[rows] = len(texts)
+        texts.append(",".join(k + "=" for k in keys))
+    return texts, codes
+
+
 def _head(text: str, parser: StreamParser) -> tuple[str, dict[str, str]] | None:
     lim = parser.limits
     parts = text.split(",")
@@ -96,7 +136,7 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
     base = parser.lines_read
     if _any(pc.greater(pc.utf8_length(arr), lim.max_line_bytes // 4)):
         return None
-    if _any(pc.match_substring_regex(arr, '[\\\\"\x00-\x1f\x7f]')):
+    if _has_special_bytes(arr):
         return None
     present = pc.not_equal(arr, "")
     rows = np.flatnonzero(present.to_numpy(zero_copy_only=False))
@@ -137,9 +177,13 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
         heads.append(parsed)
 
     # Field layouts: the keys of a body, its values blanked out.
-    sig_enc = pc.dictionary_encode(pc.replace_substring_regex(body, "=[^,]*", "="))
-    sig_texts = sig_enc.dictionary.to_pylist()
-    sig_codes = sig_enc.indices.to_numpy()
+    found_layouts = _layouts_by_count(body)
+    if found_layouts is None:
+        sig_enc = pc.dictionary_encode(pc.replace_substring_regex(body, "=[^,]*", "="))
+        sig_texts = sig_enc.dictionary.to_pylist()
+        sig_codes = sig_enc.indices.to_numpy()
+    else:
+        sig_texts, sig_codes = found_layouts
     layouts: list[list[str]] = []
     for text in sig_texts:
         items = text.split(",")

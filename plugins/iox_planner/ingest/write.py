@@ -373,7 +373,7 @@ class _Pending:
             arrays = [table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
                       for f in schema]
             tables.append(pa.Table.from_arrays(arrays, schema=schema))
-        data = pa.concat_tables(tables).combine_chunks()
+        data = pa.concat_tables(tables)  # chunked: no second copy of the rows
         data = data.set_column(len(schema) - 1, schema.field(WRITE_SEQ),
                                pa.array(range(data.num_rows), type=pa.int64()))
         lines = {self.first_line, self.last_line}
