@@ -287,7 +287,7 @@ def write_chunk_rows(env: Mapping[str, str] | None = None) -> int:
     return int(text)
 
 
-DEFAULT_CHUNK_ROWS = 500_000
+DEFAULT_CHUNK_ROWS = 250_000
 
 
 def write_line_protocol(
