@@ -51,6 +51,8 @@ bench: venv
 	$(BIN)/python benchmarks/bench_planner.py
 	$(BIN)/python benchmarks/bench_spark.py
 	$(BIN)/python benchmarks/bench_lineprotocol.py
+	$(BIN)/python benchmarks/bench_ingest.py
+	$(BIN)/python benchmarks/bench_wide_overlap.py
 
 # Regenerate the lock from requirements.in (needs the registry).
 lock:

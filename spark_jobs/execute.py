@@ -206,15 +206,23 @@ class ScanBuilder:
         if self.strategy is Strategy.ARROW:
             result = self._arrow_dedup(dedups, keys, needs)
             if self.analyze:
-                rows_in = union_all([self.build(d.child) for d in dedups])
+                rows_in = union_all([self._dedup_input(d) for d in dedups])
                 self._measure(dedups[0], result, rows_in=rows_in)
             return result
-        merged_input = union_all([self.build(d.child) for d in dedups])
+        merged_input = union_all([self._dedup_input(d) for d in dedups])
         merge = deduplicate_window if self.strategy is Strategy.WINDOW else deduplicate
         result = merge(merged_input, keys).select(*[q(c) for c in schema])
         if self.analyze:
             self._measure(dedups[0], result, rows_in=merged_input)
         return result
+
+    def _dedup_input(self, dedup: DeduplicateExec) -> DataFrame:
+        """A dedup's input rows, only those inside its time slice when it has one (inclusive bounds)."""
+        df = self.build(dedup.child)
+        if dedup.time_slice is not None:
+            start, end = dedup.time_slice
+            df = df.where((F.col(TIME) >= F.lit(start)) & (F.col(TIME) <= F.lit(end)))
+        return df
 
     def _arrow_dedup(self, dedups: Sequence[DeduplicateExec], keys: Sequence[str],
                      needs: set[str] | None = None) -> DataFrame:
@@ -229,11 +237,16 @@ class ScanBuilder:
                 if chunk.path is None:
                     raise CatalogError(f"chunk {chunk.id} has no file (metadata only); it cannot be read")
                 check_file(self.warehouse / chunk.path, chunk.id)
-            # The bounds come from the parsed conjuncts (top-level ANDs only), never from the predicate text.
+            # The bounds come from the parsed conjuncts (top-level ANDs only), never from the predicate text; a
+            # time slice narrows them (the worker reads only rows inside, exactly: inclusive on both ends).
+            low, high = time_bounds(predicates)
+            if d.time_slice is not None:
+                low = d.time_slice[0] if low is None else max(low, d.time_slice[0])
+                high = d.time_slice[1] if high is None else min(high, d.time_slice[1])
             specs.append(json.dumps({
                 "files": [[str(self.warehouse / c.path), c.order, c.kind is ChunkKind.INGESTER] for c in chunks
                           if c.path is not None],
-                "bounds": list(time_bounds(predicates)),
+                "bounds": [low, high],
             }))
             # Below a dedup only key columns are filtered, and such a filter commutes with the dedup: apply the
             # filters after the merge (the workers only use their time bounds to skip rows early).

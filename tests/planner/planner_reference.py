@@ -190,7 +190,11 @@ class PlanEvaluator:
             return out
         if name == "DeduplicateExec":
             key = [s["column"] for s in node["sort_key"]]
-            return dedup_rows(self.scan(kids[0]), key, order=CO)
+            rows = self.scan(kids[0])
+            if node.get("time_slice") is not None:  # PRODUCT.md Plan JSON: inclusive bounds on time
+                low, high = node["time_slice"]
+                rows = [r for r in rows if low <= r["time"] <= high]
+            return dedup_rows(rows, key, order=CO)
         if name == "EmptyExec":
             return []
         if name == "ParquetExec":

@@ -165,7 +165,8 @@ def make_case(seed: int) -> Case:
             all_times[0], all_times[0] + 1)
         time_range = (r.choice([a, None]), b)
     settings = PlannerSettings(target_partitions=r.randint(1, 4), max_dedup_partition_split=r.randint(1, 3),
-                               max_dedup_time_split=r.randint(1, 3), max_parquet_fanout=r.randint(1, 3))
+                               max_dedup_time_split=r.randint(1, 3), max_parquet_fanout=r.randint(1, 3),
+                               max_dedup_rows_per_slice=r.choice([1_000_000, r.randint(1, 6)]))
     return Case(seed, chunks, rows, sort_keys, query, where, select, params, time_range, settings)
 
 
@@ -229,6 +230,7 @@ def test_cases_cover_what_matters() -> None:
             "partition limit note": "partition split skipped" in text,
             "time limit note": "time split skipped" in text,
             "fanout note": "max_parquet_fanout" in text,
+            "time slices": "time_slice=" in text,
             "pruned by tag": "(by tag" in text or ", tag " in text,
             "unknown time range": any(c.time_min is None for c in case.chunks),
             "EmptyExec": "EmptyExec" in text,

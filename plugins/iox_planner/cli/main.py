@@ -44,13 +44,19 @@ def cmd_catalog_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_write(args: argparse.Namespace) -> int:
-    from iox_planner.ingest.write import read_input, write_line_protocol
+    from iox_planner.ingest.blocks import line_blocks, open_input
+    from iox_planner.ingest.write import write_line_blocks
     from iox_planner.ingest.lineprotocol import Precision
 
-    text, source = read_input(args.file)
-    catalog = _catalog()
-    result = write_line_protocol(catalog, args.db, text, precision=Precision(args.precision),
-                                 accept_partial=args.accept_partial, source=source)
+    # Streamed: the input is read block by block while its chunks are written, never whole.
+    stream, source = open_input(args.file)
+    try:
+        catalog = _catalog()
+        result = write_line_blocks(catalog, args.db, line_blocks(stream, source), precision=Precision(args.precision),
+                                   accept_partial=args.accept_partial, source=source)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
     for chunk in result.chunks:
         out.print(f"wrote ingester chunk {chunk.id}: {chunk.table} {chunk.partition}, {chunk.rows} rows, "
                   f"order {chunk.order}")

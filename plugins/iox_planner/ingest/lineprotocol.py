@@ -222,6 +222,10 @@ _Typed = tuple[ColumnType, object]
 _Quote = Callable[[str], str]
 
 
+class _NeedMore(Exception):
+    """A string value runs past the end of a streamed block: parse the entry again with the next block's lines."""
+
+
 class _Fail(Exception):
     """A bad line: 0-based position of the offending character and the message; `offset` is how many lines
     after the entry's first the position is (a string value may span lines), `skip` how many lines the bad entry
@@ -409,13 +413,15 @@ class _Entry:
     """The physical lines of the input and where the entry being scanned has got to: a string value may carry
     it onto later lines."""
 
-    __slots__ = ("lines", "k", "first", "budget")
+    __slots__ = ("lines", "k", "first", "budget", "more")
 
-    def __init__(self, lines: list[str], k: int, budget: int) -> None:
+    def __init__(self, lines: list[str], k: int, budget: int, more: bool = False) -> None:
         self.lines = lines
         self.k = k
         self.first = k
         self.budget = budget
+        self.more = more
+        """Whether the input goes on past `lines` (a streamed block that is not the last)."""
 
     @property
     def offset(self) -> int:
@@ -434,6 +440,8 @@ def _read_string(entry: _Entry, i: int, key: str, lim: Limits) -> tuple[str, str
         m = _STRING_SPECIAL.search(s, j)
         if m is None:
             out.append(s[j:])
+            if entry.k + 1 >= len(lines) and entry.more:
+                raise _NeedMore()
             if entry.k + 1 >= len(lines):
                 raise _Fail(i, f"string value of field {_quote(key, lim.excerpt_bytes)} is not terminated: expected a "
                             "closing '\"' (write a '\"' inside a string as \\\")", start_offset, entry.offset)
@@ -771,10 +779,13 @@ def _comment_error(line: str) -> LineError | None:
 
 
 def _slow_line(lines: list[str], lineno: int, precision: Precision, default_time: int, schema: _Schema,
-               lim: Limits) -> tuple[Point | None, LineError | None, int]:
+               lim: Limits, base: int = 0, more: bool = False) -> tuple[Point | None, LineError | None, int]:
     """Everything the fast path does not take: blank and comment lines, long lines, and the scanner. Returns the
-    point or the error (neither for a line that holds no point) and how many further lines the entry took."""
+    point or the error (neither for a line that holds no point) and how many further lines the entry took.
+    `lineno` counts from 1 in `lines`; points and errors are numbered `base` further on (a streamed block)."""
     line = lines[lineno - 1]
+    index = lineno
+    lineno += base
     if len(line) > lim.max_line_bytes // 4:
         problem = _line_too_long(line, lim)
         if problem is not None:
@@ -787,7 +798,7 @@ def _slow_line(lines: list[str], lineno: int, precision: Precision, default_time
         if problem is None:
             return None, None, 0
         return None, LineError(lineno, problem.column + len(line) - len(stripped), problem.message), 0
-    entry = _Entry(lines, lineno - 1, lim.max_line_bytes - _utf8_len(line))
+    entry = _Entry(lines, index - 1, lim.max_line_bytes - _utf8_len(line), more)
     try:
         measurement, tags, fields, time = _scan(entry, precision, schema, lim, lineno)
     except _Fail as fail:
@@ -796,17 +807,77 @@ def _slow_line(lines: list[str], lineno: int, precision: Precision, default_time
     return point, None, entry.offset
 
 
-def _parse_lines(text: str, precision: Precision, default_time: int, schema: _Schema, lim: Limits) -> tuple[
-        list[Point], list[LineError]]:
+class StreamParser:
+    """Line protocol fed in blocks of whole lines, in order, with one schema and one error list across them: the
+    same points and errors as `parse` over the whole text, in memory bounded by a block (plus a string value
+    that spans blocks, at most `max_line_bytes`).
+
+    `feed(lines, final)` returns the points of the block's complete entries; an entry whose string value runs
+    past the block is kept back and parsed with the next block's lines in front (`final` marks the last block).
+    More than `limits.max_bad_lines` bad lines raise `BadInputError`, as `parse` does.
+    """
+
+    def __init__(self, *, precision: Precision | str = Precision.NS, default_time: int,
+                 existing: Mapping[str, Mapping[str, ColumnType]] | None = None,
+                 limits: Limits | None = None) -> None:
+        try:
+            self.precision = Precision(precision)
+        except ValueError:
+            raise BadInputError(f"precision {precision!r} is not one of ns, us, ms, s") from None
+        if not INT64_MIN <= default_time <= INT64_MAX:
+            raise BadInputError(f"default time {default_time} does not fit a signed 64-bit count of nanoseconds")
+        self.limits = Limits.from_env() if limits is None else limits
+        self.default_time = default_time - default_time % self.precision.multiplier
+        self.schema: _Schema = {}
+        for table, columns in (existing or {}).items():
+            self.schema[table] = {name: (kind, 0) for name, kind in columns.items() if kind is not ColumnType.TIME}
+        self.heads: dict[str, _Head] = {}
+        self.names: dict[str, str] = {}
+        self.errors: list[LineError] = []
+        self.vector_heads: dict[str, tuple[str, dict[str, str]]] = {}
+        """Heads the vectorized path (`lp_vector.py`) already checked, by text."""
+        self.lines_read = 0
+        """Physical lines consumed so far (the next block's first line is this plus one)."""
+        self._carry: list[str] = []
+
+    def feed(self, lines: list[str], final: bool = False) -> list[Point]:
+        """The points of `lines` (the input's next physical lines, without their LF; the list is consumed)."""
+        if self._carry:
+            lines = self._carry + lines
+            self._carry = []
+        # A parse allocates a few container objects per line, none in a cycle, and the generational collections
+        # those allocations trigger keep rescanning the growing result: about 40% of a large parse's time.
+        # Pausing the cycle collector only defers it; reference counting still frees everything as usual.
+        collecting = gc.isenabled()
+        if collecting:
+            gc.disable()
+        try:
+            points, used = _parse_lines(lines, self.lines_read, not final, self)
+        finally:
+            if collecting:
+                gc.enable()
+        if used < len(lines):
+            self._carry = lines[used:]
+        self.lines_read += used
+        return points
+
+
+def _parse_lines(lines: list[str], base: int, more: bool, parser: StreamParser) -> tuple[list[Point], int]:
+    """The points of `lines`, numbered from `base + 1`, and how many lines were used (fewer than all when an entry
+    runs past the end and `more` input follows). Errors go to `parser.errors`."""
+    precision, default_time, schema, lim = parser.precision, parser.default_time, parser.schema, parser.limits
     multiplier = precision.multiplier
-    heads: dict[str, _Head] = {}
-    names: dict[str, str] = {}
+    heads = parser.heads
+    if len(heads) >= _HEAD_CACHE_LIMIT:
+        heads.clear()
+    names = parser.names
+    if len(names) >= _HEAD_CACHE_LIMIT:
+        names.clear()
     intern = names.setdefault
     points: list[Point] = []
-    errors: list[LineError] = []
+    errors = parser.errors
     # Lines up to this many characters cannot exceed the byte limit (4 bytes a character at most).
     short = lim.max_line_bytes // 4
-    lines = text.split("\n")
     lineno = 0
     for line in lines:
         lineno += 1
@@ -815,12 +886,15 @@ def _parse_lines(text: str, precision: Precision, default_time: int, schema: _Sc
         if len(line) <= short and "\\" not in line and '"' not in line:
             first = line[0]
             if first != "#" and first != " " and first != "\r":
-                point = _fast(line[:-1] if line[-1] == "\r" else line, lineno, multiplier, default_time, heads,
-                              intern, schema, lim)
+                point = _fast(line[:-1] if line[-1] == "\r" else line, base + lineno, multiplier, default_time,
+                              heads, intern, schema, lim)
                 if point is not None:
                     points.append(point)
                     continue
-        point, problem, skip = _slow_line(lines, lineno, precision, default_time, schema, lim)
+        try:
+            point, problem, skip = _slow_line(lines, lineno, precision, default_time, schema, lim, base, more)
+        except _NeedMore:
+            return points, lineno - 1
         # A string value spanning lines makes one entry of several lines: blank the ones it took (the list is
         # ours), so that the loop skips them at no cost to every other line.
         for taken in range(lineno, lineno + skip):
@@ -834,7 +908,7 @@ def _parse_lines(text: str, precision: Precision, default_time: int, schema: _Sc
                     f"line protocol has more than {lim.max_bad_lines} bad lines (IOX_LP_MAX_BAD_LINES), so reading "
                     f"stopped at line {problem.line}: {describe_errors(errors, shown=lim.errors_shown)}. Nothing "
                     "was written; fix the input (is it line protocol?) and write again")
-    return points, errors
+    return points, len(lines)
 
 
 def parse(
@@ -853,31 +927,9 @@ def parse(
     (measurement -> column -> type), so that a line that conflicts with them (a tag written as a field, a field
     with another type) is reported here with its line. `limits` default to `Limits.from_env()`.
     """
-    try:
-        prec = Precision(precision)
-    except ValueError:
-        raise BadInputError(f"precision {precision!r} is not one of ns, us, ms, s") from None
-    if not INT64_MIN <= default_time <= INT64_MAX:
-        raise BadInputError(f"default time {default_time} does not fit a signed 64-bit count of nanoseconds")
-    lim = Limits.from_env() if limits is None else limits
-    default_time -= default_time % prec.multiplier
-
-    schema: _Schema = {}
-    for table, columns in (existing or {}).items():
-        schema[table] = {name: (kind, 0) for name, kind in columns.items() if kind is not ColumnType.TIME}
-
-    # A parse allocates a few container objects per line, none in a cycle, and the generational collections
-    # those allocations trigger keep rescanning the growing result: about 40% of a large parse's time. Pausing
-    # the cycle collector only defers it; reference counting still frees everything as usual.
-    collecting = gc.isenabled()
-    if collecting:
-        gc.disable()
-    try:
-        points, errors = _parse_lines(text, prec, default_time, schema, lim)
-    finally:
-        if collecting:
-            gc.enable()
-    return ParseResult(tuple(points), tuple(errors))
+    parser = StreamParser(precision=precision, default_time=default_time, existing=existing, limits=limits)
+    points = parser.feed(text.split("\n"), final=True)
+    return ParseResult(tuple(points), tuple(parser.errors))
 
 
 def decode_utf8(data: bytes, source: str) -> str:

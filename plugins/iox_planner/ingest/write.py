@@ -10,7 +10,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,8 +23,10 @@ from iox_planner.catalog.store import Catalog
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError
 from iox_planner.faults import kill_point
-from iox_planner.ingest.lineprotocol import LineError, Point, Precision, decode_utf8, describe_errors, parse
-from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, ChunkKind, ColumnType
+from iox_planner.ingest.blocks import Block, text_blocks
+from iox_planner.ingest.lp_vector import Piece, parse_block
+from iox_planner.ingest.lineprotocol import LineError, Point, Precision, StreamParser, decode_utf8, describe_errors
+from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, WRITE_SEQ, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, now_ns, partition_of
 
 @dataclass(frozen=True)
@@ -284,6 +286,23 @@ def _as_persisted(
     return storage.sort_table(deduped, file_key), file_key
 
 
+def write_chunk_rows(env: Mapping[str, str] | None = None) -> int:
+    """`IOX_WRITE_CHUNK_ROWS`: the most rows one ingester chunk of a write holds (a larger write of one table and
+    day becomes several chunks, newest last); it bounds what a write keeps in memory."""
+    import os
+
+    text = (os.environ if env is None else env).get("IOX_WRITE_CHUNK_ROWS", "")
+    if not text:
+        return DEFAULT_CHUNK_ROWS
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_WRITE_POSITION + 1:
+        raise BadInputError(f"IOX_WRITE_CHUNK_ROWS={text[:32]!r} is not allowed: it must be a whole number from 1 to "
+                            f"{MAX_WRITE_POSITION + 1}; unset it to use the default ({DEFAULT_CHUNK_ROWS})")
+    return int(text)
+
+
+DEFAULT_CHUNK_ROWS = 250_000
+
+
 def write_line_protocol(
     catalog: Catalog,
     db: str,
@@ -292,19 +311,171 @@ def write_line_protocol(
     precision: Precision = Precision.NS,
     accept_partial: bool = False,
     source: str = "input",
+    chunk_rows: int | None = None,
 ) -> WriteResult:
-    """`iox-batch write`: parse everything first; a write with bad lines is rejected whole (nothing stored) unless
-    `accept_partial`, which stores the good lines and reports the bad ones."""
+    """`iox-batch write` over a text in memory (see `write_line_blocks`)."""
+    return write_line_blocks(catalog, db, text_blocks(text, source), precision=precision, accept_partial=accept_partial,
+                             source=source, chunk_rows=chunk_rows)
+
+
+def write_line_blocks(
+    catalog: Catalog,
+    db: str,
+    blocks: Iterable[Block],
+    *,
+    precision: Precision = Precision.NS,
+    accept_partial: bool = False,
+    source: str = "input",
+    chunk_rows: int | None = None,
+    warehouse: Path | None = None,
+) -> WriteResult:
+    """`iox-batch write`, streaming: blocks of lines are parsed one at a time and their rows gathered per (table,
+    day); a table and day holding `chunk_rows` rows is written out as one ingester chunk, the rest at the end, all
+    registered in one transaction. A write with bad lines is rejected whole (nothing stored, every bad line
+    counted) unless `accept_partial`, which stores the good lines and reports the bad ones; lines that conflict
+    with the catalog's columns likewise."""
     check_db_name(db)
-    result = parse(text, precision=precision, default_time=now_ns())
-    if result.errors and not accept_partial:
-        raise BadInputError(_errors_paragraph(result.errors, f"nothing was written from {source}"))
-    if not result.points:
-        if result.errors:
-            raise BadInputError(_errors_paragraph(result.errors, f"nothing was written from {source}"))
+    limit = chunk_rows or write_chunk_rows()
+    parser = StreamParser(precision=precision, default_time=now_ns())
+    staged = Staged(warehouse or default_warehouse())
+    # Staged.transaction, not engine.begin(): a failed COMMIT must keep its files (see there).
+    with staged.transaction(catalog) as conn:
+        result = _write_blocks(catalog, conn, staged, db, blocks, parser, accept_partial, source, limit)
+        kill_point("write.before_commit")
+    return result
+
+
+def parse_blocks(blocks: Iterable[Block], parser: StreamParser,
+                 catalog_columns: Callable[[str], Mapping[str, ColumnType]] | None = None,
+                 ) -> Iterator[list[Piece] | list[Point]]:
+    """Each block parsed: Arrow pieces from the vectorized path when it takes the whole block, else the exact
+    parser's points (errors go to `parser.errors`)."""
+    for block in blocks:
+        pieces = parse_block(block.arrow(), parser, catalog_columns)
+        yield pieces if pieces is not None else parser.feed(block.lines(), final=block.final)
+
+
+class _Pending:
+    """Rows of one (table, day) not yet written: Arrow pieces with the columns each has, and their lines."""
+
+    __slots__ = ("pieces", "rows", "first_line", "last_line")
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[dict[str, ColumnType], pa.Table]] = []
+        self.rows = 0
+        self.first_line = 0
+        self.last_line = 0
+
+    def add(self, columns: dict[str, ColumnType], table: pa.Table, first_line: int, last_line: int) -> None:
+        if not self.pieces:
+            self.first_line = first_line
+        self.pieces.append((columns, table))
+        self.rows += table.num_rows
+        self.last_line = last_line
+
+    def take(self) -> tuple[dict[str, ColumnType], pa.Table, set[int]]:
+        """Everything pending as one table in `arrow_schema` layout, `__seq` renumbered from 0."""
+        columns: dict[str, ColumnType] = {}
+        for cols, _ in self.pieces:
+            columns.update(cols)
+        schema = storage.arrow_schema(columns, with_seq=True)
+        tables = []
+        for _, table in self.pieces:
+            arrays = [table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+                      for f in schema]
+            tables.append(pa.Table.from_arrays(arrays, schema=schema))
+        data = pa.concat_tables(tables)  # chunked: no second copy of the rows
+        data = data.set_column(len(schema) - 1, schema.field(WRITE_SEQ),
+                               pa.array(range(data.num_rows), type=pa.int64()))
+        lines = {self.first_line, self.last_line}
+        self.pieces, self.rows = [], 0
+        return columns, data, lines
+
+
+def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
+                  blocks: Iterable[Block], parser: StreamParser, accept_partial: bool, source: str,
+                  limit: int) -> WriteResult:
+    db_id = catalog.ensure_database(conn, db)
+    catalog.lock_orders(conn, db_id)
+    pending: dict[tuple[str, str], _Pending] = {}
+    conflicts: list[LineError] = []
+    written: list[WrittenChunk] = []
+    points_seen = 0
+    good_seen = 0
+
+    def flush(key: tuple[str, str]) -> None:
+        columns, data, lines = pending[key].take()
+        for start in range(0, data.num_rows, limit):
+            part = data.slice(start, limit)
+            if start:
+                part = part.set_column(part.num_columns - 1, part.schema.field(WRITE_SEQ),
+                                       pa.array(range(part.num_rows), type=pa.int64()))
+            written.append(store_chunk(catalog, conn, staged, db_id, key[0], key[1], part, columns,
+                                       kind=ChunkKind.INGESTER, lines=lines))
+
+    known: dict[str, Mapping[str, ColumnType]] = {}
+
+    def catalog_columns(table: str) -> Mapping[str, ColumnType]:
+        if table not in known:
+            table_id = catalog.table_ids(conn, db_id).get(table)
+            known[table] = {} if table_id is None else catalog.table_columns(conn, table_id)
+        return known[table]
+
+    for parsed in parse_blocks(blocks, parser, catalog_columns):
+        if parsed and isinstance(parsed[0], Piece):
+            pieces = [p for p in parsed if isinstance(p, Piece)]
+            points_seen += sum(p.table.num_rows for p in pieces)
+            if (parser.errors or conflicts) and not accept_partial:
+                continue
+            for piece in pieces:
+                good_seen += piece.table.num_rows
+                key = (piece.measurement, piece.partition)
+                entry = pending.setdefault(key, _Pending())
+                entry.add(piece.columns, piece.table, piece.first_line, piece.last_line)
+                if entry.rows >= limit:
+                    flush(key)
+            while sum(p.rows for p in pending.values()) > limit:
+                flush(max(pending, key=lambda k: pending[k].rows))
+            continue
+        points = cast(list[Point], parsed)
+        points_seen += len(points)
+        if (parser.errors and not accept_partial) or not points:
+            continue  # the write fails at the end; keep reading only to report every bad line
+        found = _check_against_catalog(catalog, conn, db_id, points)
+        if found:
+            conflicts.extend(found)
+            bad = {e.line for e in found}
+            points = [p for p in points if p.line not in bad]
+        if conflicts and not accept_partial:
+            continue
+        good_seen += len(points)
+        groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
+        for point in points:
+            groups[(point.measurement, partition_of(point.time))].append(point)
+        for key, group in groups.items():
+            columns = storage.chunk_columns(group)
+            entry = pending.setdefault(key, _Pending())
+            entry.add(columns, storage.points_to_table(group, columns), group[0].line, group[-1].line)
+            if entry.rows >= limit:
+                flush(key)
+        # Many tables or days at once: bound what waits, writing the largest out first.
+        while sum(p.rows for p in pending.values()) > limit:
+            flush(max(pending, key=lambda k: pending[k].rows))
+
+    errors = parser.errors
+    if errors and not accept_partial:
+        raise BadInputError(_errors_paragraph(errors, f"nothing was written from {source}"))
+    if not points_seen:
+        if errors:
+            raise BadInputError(_errors_paragraph(errors, f"nothing was written from {source}"))
         raise BadInputError(f"nothing to write: {source} holds no line protocol points")
-    written = write_points(catalog, db, result.points, accept_partial=accept_partial)
-    return WriteResult(written.chunks, tuple(sorted([*result.errors, *written.rejected], key=lambda e: e.line)))
+    if conflicts and not accept_partial:
+        raise BadInputError(_errors_paragraph(conflicts, f"nothing was written to {db!r}"))
+    if not good_seen:
+        raise BadInputError(f"nothing to write to {db!r}: the input holds no valid point")
+    for key in sorted(k for k, p in pending.items() if p.rows):
+        flush(key)
+    return WriteResult(tuple(written), tuple(sorted([*errors, *conflicts], key=lambda e: e.line)))
 
 
 def read_input(source: str) -> tuple[str, str]:

@@ -47,7 +47,10 @@ def node_line(node: PlanNode) -> str:
     if isinstance(node, FilterExec):
         return f"FilterExec: {predicate_sql(node.predicate)}"
     if isinstance(node, DeduplicateExec):
-        return f"DeduplicateExec: {_sort_list(node.sort_key, node.child.schema)}"
+        line = f"DeduplicateExec: {_sort_list(node.sort_key, node.child.schema)}"
+        if node.time_slice is not None:
+            line += f", time_slice=[{node.time_slice[0]}, {node.time_slice[1]}]"
+        return line
     if isinstance(node, UnionExec):
         return "UnionExec"
     if isinstance(node, SortExec):
@@ -136,6 +139,8 @@ def _yaml_node(node: PlanNode) -> dict[str, Any]:
         body = {"expr": predicate_sql(node.predicate)}
     elif isinstance(node, DeduplicateExec):
         body = {"sort_key": _sort_names(node.sort_key)}
+        if node.time_slice is not None:
+            body["time_slice"] = list(node.time_slice)
     elif isinstance(node, (SortExec, SortPreservingMergeExec)):
         body = {"expr": _sort_names(node.sort)}
     elif isinstance(node, EmptyExec):

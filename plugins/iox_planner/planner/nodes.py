@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Iterable, Iterator, Mapping, Sequence, Union
 
 from iox_planner.errors import InternalError
-from iox_planner.model import CHUNK_ORDER, Chunk, ChunkKind, ColumnType
+from iox_planner.model import CHUNK_ORDER, TIME, Chunk, ChunkKind, ColumnType
 from iox_planner.planner.predicate import Conjunct, columns_of
 
 if TYPE_CHECKING:
@@ -157,11 +157,16 @@ class FilterExec(_Unary):
 
 @dataclass(frozen=True, slots=True)
 class DeduplicateExec(_Unary):
-    """Merges rows with equal key (IOx semantics); needs its input sorted on (`sort_key`, `__chunk_order`)."""
+    """Merges rows with equal key (IOx semantics); needs its input sorted on (`sort_key`, `__chunk_order`).
+
+    `time_slice`, when set, is an inclusive `(start, end)` range of `time`: the dedup reads and emits only its
+    input rows inside it (the slicing pass cuts one wide group into several such dedups over the same chunks;
+    rows with different times are never duplicates, so each slice merges alone)."""
 
     name: ClassVar[str] = "DeduplicateExec"
     sort_key: tuple[SortItem, ...]
     child: PlanNode
+    time_slice: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not self.sort_key:
@@ -169,21 +174,29 @@ class DeduplicateExec(_Unary):
         columns = tuple(s.column for s in self.sort_key)
         _check_unique(self.name, columns)
         _check_columns(self.name, "sort key", columns + (CHUNK_ORDER,), self.child.schema)
+        if self.time_slice is not None:
+            start, end = self.time_slice
+            if (not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)) or start > end
+                    or TIME not in columns):
+                raise _fail(self.name, f"time_slice {self.time_slice!r} must be two ordered integers on a key "
+                                       "with time")
 
     def with_child(self, child: PlanNode) -> PlanNode:
-        return DeduplicateExec(self.sort_key, child)
+        return DeduplicateExec(self.sort_key, child, self.time_slice)
 
     @property
     def schema(self) -> tuple[str, ...]:
         return self.child.schema
 
     @staticmethod
-    def trusted(sort_key: tuple[SortItem, ...], child: PlanNode) -> DeduplicateExec:
+    def trusted(sort_key: tuple[SortItem, ...], child: PlanNode,
+                time_slice: tuple[int, int] | None = None) -> DeduplicateExec:
         """Construction without validation, for the splits' hot path (thousands of groups): the key is derived
         from the child's own chunks. The final sanity check validates the finished plan."""
         node = object.__new__(DeduplicateExec)
         _SET(node, "sort_key", sort_key)
         _SET(node, "child", child)
+        _SET(node, "time_slice", time_slice)
         return node
 
     @property

@@ -22,6 +22,7 @@ from iox_planner.planner.passes.push_down_predicates import push_down_predicates
 from iox_planner.planner.passes.push_down_projections import push_down_projections
 from iox_planner.planner.passes.remove_dedup_without_duplicates import remove_dedup_without_duplicates
 from iox_planner.planner.passes.sanity_check import sanity_check
+from iox_planner.planner.passes.slice_dedup_by_time import slice_dedup_by_time
 from iox_planner.planner.passes.split_dedup_by_partition import split_dedup_by_partition
 from iox_planner.planner.passes.split_dedup_by_time import split_dedup_by_time
 
@@ -43,6 +44,9 @@ PASSES: tuple[Pass, ...] = (
     Pass(split_dedup_by_time,
          "after the partition split, so it groups the chunks of one partition (and its limit counts per "
          "partition); before anything is pushed into the scans it regroups"),
+    Pass(slice_dedup_by_time,
+         "right after the time split, on its groups (overlap groups cannot be split further by key): cuts the "
+         "large ones into time slices while their scans are still plain chunks"),
     Pass(clean_unions,
          "the splits nest unions (partitions of time groups): flatten them so the next passes see all groups as "
          "siblings"),

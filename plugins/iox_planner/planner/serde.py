@@ -65,6 +65,8 @@ def node_to_dict(node: PlanNode) -> dict[str, Any]:
         out["predicate"] = predicate_sql(node.predicate)
     elif isinstance(node, DeduplicateExec):
         out["sort_key"] = _sort_to_list(node.sort_key)
+        if node.time_slice is not None:
+            out["time_slice"] = list(node.time_slice)
     elif isinstance(node, (SortExec, SortPreservingMergeExec)):
         out["sort"] = _sort_to_list(node.sort)
     elif isinstance(node, EmptyExec):
@@ -105,7 +107,14 @@ def node_from_dict(d: Mapping[str, Any], chunks: Mapping[str, Chunk]) -> PlanNod
     if name == "FilterExec":
         return FilterExec(parse_predicate(d["predicate"]), child)
     if name == "DeduplicateExec":
-        return DeduplicateExec(_sort_from_list(d["sort_key"]), child)
+        time_slice = d.get("time_slice")
+        if time_slice is not None:
+            if (not isinstance(time_slice, list) or len(time_slice) != 2
+                    or not all(type(v) is int for v in time_slice) or time_slice[0] > time_slice[1]):
+                raise BadInputError(f"plan JSON: DeduplicateExec time_slice must be [start_ns, end_ns], "
+                                    f"got {time_slice!r}")
+            time_slice = (time_slice[0], time_slice[1])
+        return DeduplicateExec(_sort_from_list(d["sort_key"]), child, time_slice)
     if name == "SortExec":
         return SortExec(_sort_from_list(d["sort"]), child)
     if name == "SortPreservingMergeExec":

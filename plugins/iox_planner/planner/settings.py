@@ -1,4 +1,4 @@
-"""Planner settings: PRODUCT.md's four, with their defaults, read from `IOX_<NAME>` then `--set name=value`."""
+"""Planner settings: PRODUCT.md's four and the dedup slice budget, with their defaults, read from `IOX_<NAME>` then `--set name=value`."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ class PlannerSettings:
     """More time groups than this under one DeduplicateExec: keep that dedup whole."""
     max_parquet_fanout: int = 40
     """Under a dedup, files get one (sorted) group each up to this many; more are dealt unsorted and sorted."""
+    max_dedup_rows_per_slice: int = 1_000_000
+    """A dedup group estimated (from chunk row counts) above this many rows is cut into time slices of about this
+    many rows each, merged as separate tasks (`slice_dedup_by_time`)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

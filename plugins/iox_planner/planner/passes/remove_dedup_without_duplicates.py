@@ -5,7 +5,8 @@ DeduplicateExec:                        ParquetExec: {files: [F1]}
   UnionExec: [ParquetExec: {files: [F1]}]
 ```
 It counts chunks, not child nodes (one ParquetExec may hold several overlapping files); an ingester chunk alone
-keeps its dedup, since it may hold duplicates of its own.
+keeps its dedup, since it may hold duplicates of its own, and so does a time-sliced dedup (its slice bounds keep
+a chunk read by several slices from being emitted more than once).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from iox_planner.planner.transform import outside_dedup, transform_up
 
 def remove_dedup_without_duplicates(plan: PlanNode, ctx: PassContext) -> PlanNode:
     def rewrite(node: PlanNode) -> PlanNode:
-        if not isinstance(node, DeduplicateExec):
+        if not isinstance(node, DeduplicateExec) or node.time_slice is not None:
             return node
         child = node.child
         while isinstance(child, UnionExec) and len(child.inputs) == 1:

@@ -1,0 +1,180 @@
+"""The streamed write path against the exact parser: random line protocol (regular TSBS-like lines mixed with
+hostile ones) parsed whole by `lineprotocol.parse`, and in random-sized blocks by `write.parse_blocks` (the
+vectorized path where it takes a block, the exact parser elsewhere), must give the same rows per (table, day),
+in the same order, with the same types and values, and the same errors.
+
+`IOX_LP_VECTOR_CASES` sets the number of random inputs (default 40 in CI).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from iox_planner.ingest.blocks import text_blocks
+from iox_planner.ingest.lineprotocol import Limits, StreamParser, parse
+from iox_planner.ingest.lp_vector import Piece
+from iox_planner.ingest.write import parse_blocks
+from iox_planner.model import TIME, WRITE_SEQ, ColumnType
+from iox_planner.timeutil import partition_of
+
+CASES = int(os.environ.get("IOX_LP_VECTOR_CASES", "40"))
+NOW = 1_700_000_000_000_000_000
+T0 = 1_704_067_200_000_000_000
+DAY = 86_400_000_000_000
+
+# (value text, whether the scalar parser takes it as the column's usual type): hand-picked plain and odd forms.
+FLOATS = ["1", "-1.5", ".5", "1.", "1e3", "-2.5E-3", "0.1000000000000000055511151231257827", "00.25",
+          "123456789012345678901234567890", "1.7976931348623157e308", "4.9e-324", "1_000", "0x1p4", "+1",
+          "1e400", "inf", "NaN", "1e", "-", "--1", ".", "1.2.3"]
+INTS = ["0i", "-12i", "9223372036854775807i", "-9223372036854775808i", "9223372036854775808i", "123456789012345678i",
+        "+1i", "1.5i", "i"]
+UINTS = ["0u", "18446744073709551615u", "18446744073709551616u", "1234567890123456789u", "-1u"]
+BOOLS = ["t", "T", "true", "True", "TRUE", "f", "F", "false", "False", "FALSE", "tRue"]
+STAMPS = [str(T0), str(T0 + 1), str(T0 + DAY - 1), str(T0 + DAY), "0", "-1", "-0", "0001", "9223372036854775807",
+          "9223372036854775808", "-9223372036854775808", "+5", "12a", "1" * 25]
+
+
+def regular_line(rng: random.Random, host: int, t: int, kinds: dict[str, str]) -> str:
+    tags = f"cpu,hostname=host_{host},region=r{host % 3},rack={host % 5}"
+    fields = []
+    for name, kind in kinds.items():
+        if rng.random() < 0.9:
+            value = {"f": lambda: repr(round(rng.uniform(-100, 100), rng.randint(0, 17))),
+                     "i": lambda: f"{rng.randint(-10**6, 10**6)}i", "u": lambda: f"{rng.randint(0, 10**6)}u",
+                     "b": lambda: rng.choice(["t", "false", "True"])}[kind]()
+            fields.append(f"{name}={value}")
+    if not fields:
+        fields.append("usage_user=1")
+    return f"{tags} {','.join(fields)} {t}"
+
+
+def hostile_line(rng: random.Random, t: int) -> str:
+    choice = rng.randint(0, 19)
+    if choice == 0:
+        return f"cpu,hostname=host\\ 1 usage_user=1 {t}"  # escape
+    if choice == 1:
+        return f'cpu,hostname=h msg="a\nb",usage_user=2 {t}'  # string spanning lines
+    if choice == 2:
+        return f"cpu,hostname=h usage_user=3 {t}\r"  # CRLF
+    if choice == 3:
+        return f"cpu,hostname=h  usage_user=4 {t}"  # double space
+    if choice == 4:
+        return "cpu,hostname=h usage_user=5"  # no timestamp: now
+    if choice == 5:
+        return f"cpu,hostname=h usage_user={rng.choice(FLOATS)} {t}"
+    if choice == 6:
+        return f"cpu,hostname=h count={rng.choice(INTS)} {t}"
+    if choice == 7:
+        return f"cpu,hostname=h total={rng.choice(UINTS)} {t}"
+    if choice == 8:
+        return f"cpu,hostname=h up={rng.choice(BOOLS)} {t}"
+    if choice == 9:
+        return f"cpu,hostname=h usage_user=1 {rng.choice(STAMPS)}"
+    if choice == 10:
+        return f"cpu,time=x usage_user=1 {t}"  # reserved
+    if choice == 11:
+        return f"cpu,hostname=h __x=1 {t}"
+    if choice == 12:
+        return f"cpu,usage_user=tag usage_idle=1 {t}"  # a field name as a tag
+    if choice == 13:
+        return f"cpu,hostname=h hostname=1 {t}"  # a tag name as a field
+    if choice == 14:
+        return f"cpu,hostname=h usage_user=1i {t}"  # another type for a float field
+    if choice == 15:
+        return rng.choice(["", "# a comment", " ", "\t", "cpu", "cpu,hostname=h", "cpu usage_user=1,", "=1 2",
+                           f"cpu,a=1,a=2 v=1 {t}", f"cpu v=1,v=2 {t}", f"cpu,a= v=1 {t}", f"cpu,=a v=1 {t}"])
+    if choice == 16:
+        return f"mém,hôte=é val=1.5,n=2i {t}"  # non-ASCII names
+    if choice == 17:
+        return f"mem,host=a used={rng.randint(0, 99)}u,free={rng.random()!r} {t + rng.choice([0, DAY, -DAY])}"
+    if choice == 18:
+        return f"cpu,hostname=h usage_user=1 {t} extra"
+    return f"cpu,hostname=h usage_user=1,usage_user2=x=1 {t}"
+
+
+def random_text(rng: random.Random) -> str:
+    kinds = {"usage_user": "f", "usage_idle": "f", "count": "i", "total": "u", "up": "b"}
+    lines = []
+    t = T0 + rng.randint(-5, 5) * 3_600_000_000_000
+    hostile = rng.choice([0.0, 0.0, 0.01, 0.1, 0.5])
+    for _ in range(rng.randint(1, 400)):
+        t += rng.choice([0, 1, 10_000_000_000, 3_600_000_000_000])
+        if rng.random() < hostile:
+            lines.append(hostile_line(rng, t))
+        else:
+            lines.append(regular_line(rng, rng.randint(0, 20), t, kinds))
+    return "\n".join(lines) + rng.choice(["", "\n", "\n\n"])
+
+
+def _norm(kind: ColumnType, value: Any) -> Any:
+    if isinstance(value, float):
+        return ("nan",) if math.isnan(value) else (kind.value, value.hex())
+    return (kind.value, value)
+
+
+def exact_rows(text: str) -> tuple[dict[tuple[str, str], list[Any]], list[Any]]:
+    result = parse(text, default_time=NOW)
+    rows: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    for p in result.points:
+        rows[(p.measurement, partition_of(p.time))].append(
+            (tuple(sorted(p.tags.items())), tuple(sorted((k, _norm(t, v)) for k, (t, v) in p.fields.items())), p.time))
+    return dict(rows), [(e.line, e.column, e.message) for e in result.errors]
+
+
+def streamed_rows(text: str, block_bytes: int) -> tuple[dict[tuple[str, str], list[Any]], list[Any], int]:
+    parser = StreamParser(default_time=NOW, limits=Limits())
+    rows: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    vectorized = 0
+    for parsed in parse_blocks(text_blocks(text, block_bytes=block_bytes), parser):
+        for item in parsed:
+            if isinstance(item, Piece):
+                vectorized += 1
+                tags = [c for c, t in item.columns.items() if t is ColumnType.TAG]
+                fields = [c for c, t in item.columns.items() if t.is_field]
+                assert item.table[WRITE_SEQ].to_pylist() == list(range(item.table.num_rows))
+                for r in item.table.to_pylist():
+                    rows[(item.measurement, item.partition)].append((
+                        tuple(sorted((k, r[k]) for k in tags if r[k] is not None)),
+                        tuple(sorted((k, _norm(item.columns[k], r[k])) for k in fields if r[k] is not None)),
+                        r[TIME]))
+            else:
+                rows[(item.measurement, partition_of(item.time))].append(
+                    (tuple(sorted(item.tags.items())),
+                     tuple(sorted((k, _norm(t, v)) for k, (t, v) in item.fields.items())), item.time))
+    return dict(rows), [(e.line, e.column, e.message) for e in parser.errors], vectorized
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+def test_streamed_equals_exact(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("IOX_LP_MAX_LINE_BYTES", "IOX_LP_MAX_COLUMNS", "IOX_LP_MAX_NAME_BYTES", "IOX_LP_MAX_BAD_LINES"):
+        monkeypatch.delenv(var, raising=False)
+    rng = random.Random(seed)
+    text = random_text(rng)
+    want_rows, want_errors = exact_rows(text)
+    got_rows, got_errors, _ = streamed_rows(text, rng.choice([64, 1000, 4096, 1 << 20]))
+    assert got_errors == want_errors
+    assert got_rows == want_rows
+
+
+def test_the_vectorized_path_is_taken_and_exact_on_regular_input() -> None:
+    """Regular input must really go through the vectorized path (else the test above checks one path twice)."""
+    rng = random.Random(1)
+    kinds = {"usage_user": "f", "count": "i", "total": "u", "up": "b"}
+    text = "\n".join(regular_line(rng, h % 50, T0 + h * 1_000_000_000, kinds) for h in range(3000))
+    want_rows, want_errors = exact_rows(text)
+    got_rows, got_errors, vectorized = streamed_rows(text, 8192)
+    assert vectorized > 10 and got_errors == want_errors == [] and got_rows == want_rows
+
+
+def test_a_string_spanning_blocks_is_carried_over() -> None:
+    text = "m v=1 1\n" + 'm s="' + "x\n" * 500 + '" 2\nm v=3 3\n'
+    for size in (16, 100, 1000):
+        got_rows, got_errors, _ = streamed_rows(text, size)
+        assert (got_rows, got_errors) == exact_rows(text)[0:2]
+        assert [r[2] for r in got_rows[("m", "1970-01-01")]] == [1, 2, 3]

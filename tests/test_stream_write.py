@@ -1,0 +1,58 @@
+"""Streamed writes against the real catalog and warehouse: chunk size, write order across chunks, all-or-nothing,
+and UTF-8 errors numbered in the whole input however it is cut into blocks."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from iox_planner.catalog.store import Catalog
+from iox_planner.errors import BadInputError
+from iox_planner.ingest.blocks import line_blocks
+from iox_planner.ingest.lineprotocol import decode_utf8
+from iox_planner.ingest.persist import persist
+from iox_planner.ingest.write import write_line_blocks, write_line_protocol
+
+from helpers import catalog_counts, live_chunks, read_rows, warehouse_files
+
+T0 = 1_704_067_200_000_000_000
+
+
+def test_a_large_write_becomes_chunks_of_at_most_chunk_rows(catalog: Catalog, db: str, warehouse: Path) -> None:
+    # Ten points of one series and day; point k rewrites the key of point k - 5 (same time), so persist must let
+    # the later chunk win.
+    lines = [f"cpu,host=a v={k}.0 {T0 + k % 5}" for k in range(10)] + [f"mem,host=a u={k}i {T0}" for k in range(2)]
+    result = write_line_protocol(catalog, db, "\n".join(lines), chunk_rows=3)
+    chunks = [c for c in live_chunks(catalog, db) if c["table_name"] == "cpu"]
+    assert sorted(c["row_count"] for c in chunks) == [1, 3, 3, 3]
+    by_order = sorted(chunks, key=lambda c: c["chunk_order"])
+    seen = []
+    for chunk in by_order:
+        rows = read_rows(warehouse / chunk["path"])
+        assert [r["__seq"] for r in rows] == list(range(len(rows)))  # write positions restart in every chunk
+        seen.extend(r["v"] for r in rows)
+    assert seen == [float(k) for k in range(10)]  # line order = chunk order, then position
+    assert result.rows == 12
+    persist(catalog, db, table="cpu")
+    (file,) = [c for c in live_chunks(catalog, db) if c["kind"] == "parquet" and c["table_name"] == "cpu"]
+    assert sorted(r["v"] for r in read_rows(warehouse / file["path"])) == [5.0, 6.0, 7.0, 8.0, 9.0]
+
+
+def test_a_bad_line_late_in_a_large_write_leaves_nothing(catalog: Catalog, db: str, warehouse: Path) -> None:
+    before, files = catalog_counts(catalog), warehouse_files(warehouse)
+    lines = [f"cpu,host=h{k % 7} v={k}.5 {T0 + k}" for k in range(5000)] + ["cpu,host=x v=oops 1"]
+    with pytest.raises(BadInputError, match="line 5001"):
+        write_line_protocol(catalog, db, "\n".join(lines), chunk_rows=100)
+    assert catalog_counts(catalog) == before and warehouse_files(warehouse) == files
+
+
+def test_utf8_errors_are_numbered_in_the_whole_input(catalog: Catalog, db: str) -> None:
+    data = b"".join(f"cpu v={k} {T0 + k}\n".encode() for k in range(300)) + b"cpu,h=\xc3x v=1 1\n"
+    with pytest.raises(BadInputError) as whole:
+        decode_utf8(data, "in")
+    for size in (7, 64, 4096):
+        with pytest.raises(BadInputError) as streamed:
+            write_line_blocks(catalog, db, line_blocks(io.BytesIO(data), "in", block_bytes=size))
+        assert str(streamed.value) == str(whole.value)
