@@ -49,6 +49,7 @@ class ChunkRow(NamedTuple):
     tag_ranges: Mapping[str, tuple[str, str]]
     order: int
     sort_key: tuple[str, ...]
+    level: int = 0  # compaction level of a Parquet file (migration 0005); 0 for an ingester chunk
 
     @property
     def display_id(self) -> str:
@@ -269,7 +270,7 @@ class Catalog:
                     partitions.c.partition_key, ct.c.store, ct.c.path, ct.c.min_time, ct.c.max_time,
                     ct.c.row_count, ct.c.file_size, ct.c.column_names, ct.c.tag_ranges, ct.c.chunk_order]
             if kind is ChunkKind.PARQUET:
-                cols.append(ct.c.sort_key)
+                cols += [ct.c.sort_key, ct.c.compaction_level]
             query = (
                 sa.select(*cols)
                 .join_from(ct, tables, ct.c.table_id == tables.c.id)
@@ -290,7 +291,7 @@ class Catalog:
                 out.append(ChunkRow(
                     kind, r[0], r[1], r[3], r[2], r[5], r[4], r[6], r[7], r[8], r[9], r[10], r[11],
                     tuple(r[12]), {k: (v[0], v[1]) for k, v in r[13].items()} if r[13] else {}, r[14],
-                    tuple(r[15]) if parquet else (),
+                    tuple(r[15]) if parquet else (), int(r[16]) if parquet else 0,
                 ))
         out.sort(key=lambda c: (c.table, c.partition, c.order, c.kind.value, c.id))
         return out
