@@ -26,6 +26,10 @@ from iox_planner.errors import BadInputError, CatalogError
 from iox_planner.model import MAX_ORDER, Chunk, ChunkKind, ColumnType, TableSchema
 from iox_planner.timeutil import NS_PER_DAY
 
+COMPACTION_LOCK = 0x1C0_0000_0000_0000
+"""Advisory lock key base of compaction: partition `p` is locked as `COMPACTION_LOCK + p` (ids stay far below
+2^56, so no key reaches the migration lock's or wraps)."""
+
 
 
 class ChunkRow(NamedTuple):
@@ -188,6 +192,59 @@ class Catalog:
         row = conn.execute(sa.select(partitions.c.sort_key).where(partitions.c.id == partition_id)
                            .with_for_update(key_share=True)).one()
         return tuple(row.sort_key) if row.sort_key is not None else None
+
+    # --- compaction locks and work ----------------------------------------------------------------------------
+
+    def try_lock_compaction(self, conn: Connection, partition_id: int) -> bool:
+        """Take the partition's compaction lock for the session of `conn`, or return False at once if another
+        session holds it. A session lock (not a transaction's): it spans planning, the Spark job and the swap, and
+        Postgres drops it when the holder's connection dies (a killed compaction never leaves it held)."""
+        return bool(conn.execute(sa.select(sa.func.pg_try_advisory_lock(COMPACTION_LOCK + partition_id))).scalar())
+
+    def unlock_compaction(self, conn: Connection, partition_id: int) -> None:
+        conn.execute(sa.select(sa.func.pg_advisory_unlock(COMPACTION_LOCK + partition_id)))
+
+    def compaction_candidates(self, conn: Connection, db_id: int, *, table: str | None = None,
+                              partition: str | None = None) -> list[int]:
+        """Partitions that may need compaction: one live L0 file or more, or two live L1 files or more (the plan
+        decides). Counted on the (compaction_level, partition_id) index of migration 0005."""
+        pf = CHUNK_TABLES[ChunkKind.PARQUET]
+        level = pf.c.compaction_level
+        l0 = sa.func.count().filter(level == 0)
+        l1 = sa.func.count().filter(level == 1)
+        query = (
+            sa.select(pf.c.partition_id)
+            .join_from(pf, partitions, pf.c.partition_id == partitions.c.id)
+            .join(tables, partitions.c.table_id == tables.c.id)
+            .where(tables.c.database_id == db_id, pf.c.to_delete.is_(None), level < 2)
+            .group_by(pf.c.partition_id)
+            .having(sa.or_(l0 >= 1, l1 >= 2))
+            .order_by(pf.c.partition_id)
+        )
+        if table is not None:
+            query = query.where(tables.c.name == table)
+        if partition is not None:
+            query = query.where(partitions.c.partition_key == partition)
+        return [int(pid) for pid in conn.execute(query).scalars()]
+
+    def partition_quiet_seconds(self, conn: Connection, partition_id: int) -> float:
+        """Seconds since the newest live chunk of a partition was created (a partition with none: infinity)."""
+        newest = None
+        for ct in CHUNK_TABLES.values():
+            value = conn.execute(sa.select(sa.func.max(ct.c.created_at))
+                                 .where(ct.c.partition_id == partition_id, ct.c.to_delete.is_(None))).scalar_one()
+            if value is not None and (newest is None or value > newest):
+                newest = value
+        if newest is None:
+            return float("inf")
+        return float(conn.execute(sa.select(sa.func.extract("epoch", sa.func.now() - newest))).scalar_one())
+
+    def partition_paths(self, conn: Connection, partition_id: int) -> set[str]:
+        """Every path the catalog names in a partition, live or retired."""
+        found: set[str] = set()
+        for ct in CHUNK_TABLES.values():
+            found.update(conn.execute(sa.select(ct.c.path).where(ct.c.partition_id == partition_id)).scalars())
+        return found
 
     def set_sort_key(self, conn: Connection, partition_id: int, sort_key: Sequence[str]) -> None:
         conn.execute(partitions.update().where(partitions.c.id == partition_id).values(sort_key=list(sort_key)))
