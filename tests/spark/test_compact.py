@@ -239,7 +239,9 @@ def test_large_inputs_are_sliced_and_the_dry_run_says_how(spark: Any, catalog: C
 
     report = compact(catalog, db, counting, warehouse=warehouse, settings=settings)
     assert len(seen) == len(plans[0].slices) and sum(seen) == 400  # type: ignore[union-attr]
-    assert max(seen) <= 100, seen
+    # Slices are cut on the catalog's estimate (rows spread evenly over each file's range); with rows really spread
+    # evenly the estimate is off by the rows on a slice's edge nanoseconds at most.
+    assert max(seen) <= 102 and len(seen) <= 6, seen
     assert report.totals()["files_out"] == len(seen)
     assert _rows(spark, catalog, db) == before
     assert_levels_never_overlap(live_chunks(catalog, db), "sliced")
