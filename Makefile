@@ -40,6 +40,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_catalog.py
 	$(BIN)/python benchmarks/bench_planner.py
 	$(BIN)/python benchmarks/bench_spark.py
+	$(BIN)/python benchmarks/bench_compact.py
 	$(BIN)/python benchmarks/bench_lineprotocol.py
 
 # Regenerate the lock from requirements.in (needs the registry).
