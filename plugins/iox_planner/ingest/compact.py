@@ -42,7 +42,12 @@ from iox_planner.timeutil import format_time
 DEFAULT_COLD_SECONDS = 4 * 3600
 DEFAULT_TARGET_ROWS = 5_000_000
 DEFAULT_MAX_ROWS = 2_000_000
+DEFAULT_MIN_SLICES = 2
+PARALLEL_SLICE_ROWS = 65_536
+"""A partition is cut into `min_slices` tasks only while each keeps at least this many rows: below that a second
+Spark task costs more than it saves."""
 _BOUNDS = {
+    "IOX_COMPACT_MIN_SLICES": (1, 4096),
     "IOX_COMPACT_COLD_SECONDS": (0, 10 * 365 * 86400),
     "IOX_COMPACT_TARGET_ROWS": (1, 1 << 40),
     "IOX_COMPACT_MAX_ROWS": (1, 1 << 40),
@@ -72,12 +77,15 @@ class CompactSettings:
     """Rows of an L2 file (and the size below which an L1 file counts as small)."""
     max_rows: int = DEFAULT_MAX_ROWS
     """Memory budget: at most about this many input rows are read by one task (one time slice)."""
+    min_slices: int = 1
+    """Parallelism: a large partition is cut into at least this many time slices (Spark tasks run at once)."""
 
     @staticmethod
     def from_env() -> CompactSettings:
         return CompactSettings(_env_int("IOX_COMPACT_COLD_SECONDS", DEFAULT_COLD_SECONDS),
                                _env_int("IOX_COMPACT_TARGET_ROWS", DEFAULT_TARGET_ROWS),
-                               _env_int("IOX_COMPACT_MAX_ROWS", DEFAULT_MAX_ROWS))
+                               _env_int("IOX_COMPACT_MAX_ROWS", DEFAULT_MAX_ROWS),
+                               _env_int("IOX_COMPACT_MIN_SLICES", DEFAULT_MIN_SLICES))
 
 
 # --- planning ------------------------------------------------------------------------------------------------
@@ -156,7 +164,7 @@ def output_sort_key(partition_key: Sequence[str] | None, inputs: Sequence[ChunkR
     """The partition's sort key restricted to the outputs' columns. Loaded files may predate a partition key, or
     hold tags it lacks: those tags go just before time, by name (the same for every slice of the compaction)."""
     base = list(partition_key) if partition_key else list(max(inputs, key=lambda c: c.order).sort_key)
-    head = [c for c in base if c != TIME and c in columns]
+    head = [c for c in base if c in columns and columns[c] is ColumnType.TAG]
     extra = sorted(c for c, t in columns.items() if t is ColumnType.TAG and c not in head)
     return (*head, *extra, TIME)
 
@@ -191,6 +199,8 @@ def plan_partition(chunks: Sequence[ChunkRow], quiet_seconds: float, settings: C
     columns = {name: table_columns[name] for c in closed for name in c.column_names if name in table_columns}
     columns[TIME] = ColumnType.TIME
     spans = [Span(c.min_time, c.max_time, c.row_count) for c in closed]
+    rows = sum(c.row_count for c in closed)
+    budget = min(budget, max(PARALLEL_SLICE_ROWS, -(-rows // settings.min_slices)))
     slices = tuple(time_slices(spans, budget))
     pulled = len(closed) - len(seeds)
     if pulled:
@@ -250,10 +260,10 @@ def compact_slice(task: SliceTask, root: str) -> SliceResult:
         table = pq.read_table(Path(root) / path, filters=[(TIME, ">=", task.lo), (TIME, "<=", task.hi)])
         rows_in += table.num_rows
         parts.append((order, table))
-    merged = storage.deduplicate(parts, columns)
+    # The sort key holds every tag and time (output_sort_key): the dedup's output is already sorted on it.
+    merged = storage.deduplicate(parts, columns, sort_key=task.sort_key)
     if merged.num_rows == 0:
         return SliceResult(task.partition_id, task.index, task.output, rows_in, 0, None, None, 0, {})
-    merged = storage.sort_table(merged, task.sort_key)
     size = storage.write_parquet_atomic(merged, Path(root) / task.output, metadata={"iox.kind": "parquet"})
     mm = pc.min_max(merged[TIME]).as_py()
     return SliceResult(task.partition_id, task.index, task.output, rows_in, merged.num_rows, mm["min"], mm["max"],
