@@ -103,3 +103,21 @@ def test_dry_run_reports_a_partition_waiting_for_persist(catalog: Catalog, db: s
     ]}), db)
     [item] = dry_run(catalog, db, settings=CompactSettings())
     assert "ingester chunk I2" in getattr(item, "reason")
+
+
+def test_the_arrow_dedup_sorts_on_the_keys_given_and_takes_an_all_null_tag() -> None:
+    """Tags are ranked by their sorted dictionary (NULL first), so the merged rows come out in key order; a tag
+    whose values are all NULL has an empty dictionary (this broke a query once)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from iox_planner.ingest.dedup import deduplicate_table
+
+    table = pa.table({"t": pa.array(["b", None, "a", "b", "a"]), "u": pa.array([None] * 5, pa.string()),
+                      "time": [2, 1, 1, 1, 1], "f": [1.0, 2.0, 3.0, None, 4.0]})
+    merged, _ = deduplicate_table(table, ["t", "u", "time"], np.arange(5))
+    assert merged.to_pylist() == [
+        {"t": None, "u": None, "time": 1, "f": 2.0}, {"t": "a", "u": None, "time": 1, "f": 4.0},
+        {"t": "b", "u": None, "time": 1, "f": None}, {"t": "b", "u": None, "time": 2, "f": 1.0}]
+    merged, _ = deduplicate_table(table, ["time", "t", "u"], np.arange(5))
+    assert [(r["time"], r["t"]) for r in merged.to_pylist()] == [(1, None), (1, "a"), (1, "b"), (2, "b")]

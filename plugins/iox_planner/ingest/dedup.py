@@ -26,6 +26,8 @@ def _codes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
         ranks[np.asarray(pc.sort_indices(array.dictionary).to_numpy(zero_copy_only=False), dtype=np.int64)] = \
             np.arange(len(array.dictionary), dtype=np.int64)
         indices = np.asarray(array.indices.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+        if not len(ranks):  # every value NULL
+            return indices
         return np.where(indices >= 0, ranks[np.maximum(indices, 0)], -1)
     if array.null_count:
         values = np.asarray(array.fill_null(0).to_numpy(zero_copy_only=False))
