@@ -270,12 +270,6 @@ def compact_slice(task: SliceTask, root: str) -> SliceResult:
                        size, storage.tag_ranges(merged, columns))
 
 
-def run_slices_locally(tasks: Sequence[SliceTask], root: Path) -> list[SliceResult]:
-    """Slices one after another in this process: for tests of the catalog side only (the CLI and the DAG run
-    slices on Spark, `spark_jobs/compact_job.py`)."""
-    return [compact_slice(t, str(root)) for t in tasks]
-
-
 # --- the swap ------------------------------------------------------------------------------------------------
 
 
