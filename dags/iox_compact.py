@@ -36,6 +36,9 @@ with DAG(
     start_date=dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc),
     catchup=False,
     max_active_runs=1,
+    # Paused when first deployed: it rewrites every database's files, so an operator turns it on
+    # (`airflow dags unpause iox_compact`); `airflow dags test iox_compact` runs it either way.
+    is_paused_upon_creation=True,
     tags=["iox-batch", "maintenance"],
     doc_md=__doc__,
 ):
