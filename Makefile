@@ -50,6 +50,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_catalog.py
 	$(BIN)/python benchmarks/bench_planner.py
 	$(BIN)/python benchmarks/bench_spark.py
+	$(BIN)/python benchmarks/bench_compact.py
 	$(BIN)/python benchmarks/bench_lineprotocol.py
 	$(BIN)/python benchmarks/bench_ingest.py
 	$(BIN)/python benchmarks/bench_wide_overlap.py

@@ -102,6 +102,7 @@ def test_persist_then_show(catalog: Catalog, db: str) -> None:
     assert "2 rows -> file P" in result.stdout and "with 1 rows" in result.stdout
     shown = run_cli("show", "--db", db).stdout
     assert "parquet" in shown and "ingester" not in shown.split("chunks")[-1]
+    assert " L0 " in shown  # persist writes level 0 (migration 0005)
 
 
 def test_drop_needs_confirmation(catalog: Catalog, db: str) -> None:

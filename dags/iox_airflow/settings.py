@@ -10,6 +10,8 @@
 | `IOX_PERSIST_CHUNK_THRESHOLD` | 10 | the maintenance DAG persists partitions with at least this many ingester chunks |
 | `IOX_PERSIST_SCHEDULE` | `*/30 * * * *` | when it looks |
 | `IOX_PERSIST_DATABASES` | (all) | comma-separated databases it looks at |
+| `IOX_COMPACT_SCHEDULE` | `@hourly` | when `iox_compact` looks for compaction work |
+| `IOX_COMPACT_DATABASES` | (all) | comma-separated databases it compacts |
 | `IOX_OUTPUT_ROOT` | `<project>/output` | where relative output paths (params, definitions) resolve |
 | `IOX_OUTPUT_ROOTS` | `IOX_OUTPUT_ROOT` | every folder runs may write under (`os.pathsep`-separated; the first is where relative paths go) |
 | `IOX_MATERIALIZED_DIR` | `dags/materialized` | the folder of materialized query definitions (`*.yaml`) |
@@ -36,6 +38,8 @@ class AirflowSettings:
     persist_chunk_threshold: int = 10
     persist_schedule: str = "*/30 * * * *"
     persist_databases: tuple[str, ...] = ()
+    compact_schedule: str = "@hourly"
+    compact_databases: tuple[str, ...] = ()
     output_root: Path = Path("output")
     materialized_dir: Path = Path("dags/materialized")
     output_roots: tuple[Path, ...] = ()
@@ -56,6 +60,8 @@ class AirflowSettings:
                 raise BadInputError(f"IOX_{name.upper()} must be a whole number of at least {low}, got {value!r}")
         if not self.persist_schedule.strip():
             raise BadInputError("IOX_PERSIST_SCHEDULE must be a cron expression such as '*/30 * * * *'")
+        if not self.compact_schedule.strip():
+            raise BadInputError("IOX_COMPACT_SCHEDULE must be a cron expression or preset such as '@hourly'")
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> AirflowSettings:
@@ -77,10 +83,10 @@ class AirflowSettings:
             if f.name in values or var not in env or f.name == "output_roots":
                 continue
             text = env[var].strip()
-            if f.name == "persist_schedule":
+            if f.name in ("persist_schedule", "compact_schedule"):
                 values[f.name] = text
                 continue
-            if f.name == "persist_databases":
+            if f.name in ("persist_databases", "compact_databases"):
                 values[f.name] = tuple(name.strip() for name in text.split(",") if name.strip())
                 continue
             try:

@@ -52,7 +52,7 @@ def test_every_dag_loads_without_import_errors_and_without_a_database(airflow_en
     assert bag["import_errors"] == {}
     dags = bag["dags"]
     examples = sorted(f"materialize_{p.stem}" for p in (DAGS / "materialized").glob("*.yaml"))
-    assert sorted(dags) == sorted(["iox_query", "iox_persist", *examples])
+    assert sorted(dags) == sorted(["iox_query", "iox_persist", "iox_compact", *examples])
     assert seconds < 60
 
     query = dags["iox_query"]
@@ -71,6 +71,10 @@ def test_every_dag_loads_without_import_errors_and_without_a_database(airflow_en
 
     persist = dags["iox_persist"]
     assert persist["tasks"]["persist_table"]["mapped"]
+
+    compact = dags["iox_compact"]
+    assert list(compact["tasks"]) == ["find_work", "compact_batch", "report"]
+    assert compact["tasks"]["compact_batch"]["mapped"] and compact["tasks"]["report"]["trigger_rule"] == "all_done"
 
 
 def test_a_broken_definition_is_an_import_error_naming_its_file(airflow_env: dict[str, str], tmp_path: Path) -> None:

@@ -26,6 +26,10 @@ from iox_planner.errors import BadInputError, CatalogError, CatalogUnavailableEr
 from iox_planner.model import MAX_ORDER, Chunk, ChunkKind, ColumnType, TableSchema
 from iox_planner.timeutil import NS_PER_DAY
 
+COMPACTION_LOCK = 0x1C0_0000_0000_0000
+"""Advisory lock key base of compaction: partition `p` is locked as `COMPACTION_LOCK + p` (ids stay far below
+2^56, so no key reaches the migration lock's or wraps)."""
+
 
 
 class ChunkRow(NamedTuple):
@@ -49,6 +53,7 @@ class ChunkRow(NamedTuple):
     tag_ranges: Mapping[str, tuple[str, str]]
     order: int
     sort_key: tuple[str, ...]
+    level: int = 0  # compaction level of a Parquet file (migration 0005); 0 for an ingester chunk
 
     @property
     def display_id(self) -> str:
@@ -193,6 +198,59 @@ class Catalog:
                            .with_for_update(key_share=True)).one()
         return tuple(row.sort_key) if row.sort_key is not None else None
 
+    # --- compaction locks and work ----------------------------------------------------------------------------
+
+    def try_lock_compaction(self, conn: Connection, partition_id: int) -> bool:
+        """Take the partition's compaction lock for the session of `conn`, or return False at once if another
+        session holds it. A session lock (not a transaction's): it spans planning, the Spark job and the swap, and
+        Postgres drops it when the holder's connection dies (a killed compaction never leaves it held)."""
+        return bool(conn.execute(sa.select(sa.func.pg_try_advisory_lock(COMPACTION_LOCK + partition_id))).scalar())
+
+    def unlock_compaction(self, conn: Connection, partition_id: int) -> None:
+        conn.execute(sa.select(sa.func.pg_advisory_unlock(COMPACTION_LOCK + partition_id)))
+
+    def compaction_candidates(self, conn: Connection, db_id: int, *, table: str | None = None,
+                              partition: str | None = None) -> list[int]:
+        """Partitions that may need compaction: one live L0 file or more, or two live L1 files or more (the plan
+        decides). Counted on the (compaction_level, partition_id) index of migration 0005."""
+        pf = CHUNK_TABLES[ChunkKind.PARQUET]
+        level = pf.c.compaction_level
+        l0 = sa.func.count().filter(level == 0)
+        l1 = sa.func.count().filter(level == 1)
+        query = (
+            sa.select(pf.c.partition_id)
+            .join_from(pf, partitions, pf.c.partition_id == partitions.c.id)
+            .join(tables, partitions.c.table_id == tables.c.id)
+            .where(tables.c.database_id == db_id, pf.c.to_delete.is_(None), level < 2)
+            .group_by(pf.c.partition_id)
+            .having(sa.or_(l0 >= 1, l1 >= 2))
+            .order_by(pf.c.partition_id)
+        )
+        if table is not None:
+            query = query.where(tables.c.name == table)
+        if partition is not None:
+            query = query.where(partitions.c.partition_key == partition)
+        return [int(pid) for pid in conn.execute(query).scalars()]
+
+    def partition_quiet_seconds(self, conn: Connection, partition_id: int) -> float:
+        """Seconds since the newest live chunk of a partition was created (a partition with none: infinity)."""
+        newest = None
+        for ct in CHUNK_TABLES.values():
+            value = conn.execute(sa.select(sa.func.max(ct.c.created_at))
+                                 .where(ct.c.partition_id == partition_id, ct.c.to_delete.is_(None))).scalar_one()
+            if value is not None and (newest is None or value > newest):
+                newest = value
+        if newest is None:
+            return float("inf")
+        return float(conn.execute(sa.select(sa.func.extract("epoch", sa.func.now() - newest))).scalar_one())
+
+    def partition_paths(self, conn: Connection, partition_id: int) -> set[str]:
+        """Every path the catalog names in a partition, live or retired."""
+        found: set[str] = set()
+        for ct in CHUNK_TABLES.values():
+            found.update(conn.execute(sa.select(ct.c.path).where(ct.c.partition_id == partition_id)).scalars())
+        return found
+
     def set_sort_key(self, conn: Connection, partition_id: int, sort_key: Sequence[str]) -> None:
         conn.execute(partitions.update().where(partitions.c.id == partition_id).values(sort_key=list(sort_key)))
 
@@ -274,7 +332,7 @@ class Catalog:
                     partitions.c.partition_key, ct.c.store, ct.c.path, ct.c.min_time, ct.c.max_time,
                     ct.c.row_count, ct.c.file_size, ct.c.column_names, ct.c.tag_ranges, ct.c.chunk_order]
             if kind is ChunkKind.PARQUET:
-                cols.append(ct.c.sort_key)
+                cols += [ct.c.sort_key, ct.c.compaction_level]
             query = (
                 sa.select(*cols)
                 .join_from(ct, tables, ct.c.table_id == tables.c.id)
@@ -295,7 +353,7 @@ class Catalog:
                 out.append(ChunkRow(
                     kind, r[0], r[1], r[3], r[2], r[5], r[4], r[6], r[7], r[8], r[9], r[10], r[11],
                     tuple(r[12]), {k: (v[0], v[1]) for k, v in r[13].items()} if r[13] else {}, r[14],
-                    tuple(r[15]) if parquet else (),
+                    tuple(r[15]) if parquet else (), int(r[16]) if parquet else 0,
                 ))
         out.sort(key=lambda c: (c.table, c.partition, c.order, c.kind.value, c.id))
         return out

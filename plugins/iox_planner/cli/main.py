@@ -79,6 +79,38 @@ def cmd_persist(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compact(args: argparse.Namespace) -> int:
+    from iox_planner.ingest.compact import CompactSettings, compact, describe_plan, dry_run
+
+    catalog = _catalog()
+    settings = CompactSettings.from_env()
+    if args.dry_run:
+        plans = dry_run(catalog, args.db, table=args.table, partition=args.partition, settings=settings)
+        for item in plans:
+            for line in describe_plan(item):
+                out.print(line, markup=False)
+        if not plans:
+            out.print("nothing to compact")
+        out.print("dry run: nothing was changed")
+        return 0
+    from iox_planner.cli.runner import session
+    from spark_jobs.compact_job import spark_slice_runner
+
+    report = compact(catalog, args.db, spark_slice_runner(session()), table=args.table, partition=args.partition,
+                     settings=settings, progress=lambda line: err.print(line, markup=False))
+    for o in report.outcomes:
+        if o.skipped is not None:
+            out.print(f"{o.table} {o.partition}: {o.skipped}", markup=False)
+    t = report.totals()
+    if not report.outcomes:
+        out.print("nothing to compact")
+    else:
+        out.print(f"compacted {t['partitions']} partition(s): {t['files_in']} file(s) in, {t['files_out']} out; "
+                  f"{t['rows_in']:,} rows in, {t['rows_out']:,} out; {t['duplicates_removed']:,} duplicates removed"
+                  + (f"; {t['skipped']} skipped" if t["skipped"] else ""))
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
@@ -233,6 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(persist)
     persist.add_argument("--table", help="only this table")
     persist.set_defaults(func=cmd_persist)
+
+    compact = sub.add_parser("compact", help="rewrite overlapping Parquet files into non-overlapping ones (L0 -> L1 "
+                             "hot, L1 -> L2 cold), on Spark")
+    _add_db(compact)
+    compact.add_argument("--table", help="only this table")
+    compact.add_argument("--partition", metavar="YYYY-MM-DD", help="only this partition (a UTC day)")
+    compact.add_argument("--dry-run", action="store_true",
+                         help="print the compaction plan (files, level, why, time slices) and change nothing")
+    compact.set_defaults(func=cmd_compact)
 
     load = sub.add_parser("load", help="load a scenario file's chunks into the catalog")
     load.add_argument("scenario", metavar="SCENARIO.yaml")

@@ -41,11 +41,13 @@ def show(catalog: Catalog, db: str, table: str | None, console: Console) -> None
                        str(sum(c.row_count for c in mine)))
     console.print(tables)
     grid = Table(title="chunks", title_justify="left")
-    for col in ("table", "partition", "sort key", "chunk", "kind", "time min", "time max", "rows", "order"):
+    for col in ("table", "partition", "sort key", "chunk", "kind", "level", "time min", "time max", "rows",
+                "order"):
         grid.add_column(col, justify="right" if col in ("rows", "order") else "left")
     sort_keys = {(p.table_name, p.partition_key): p.sort_key for p in partitions}
     for c in chunks:
         key = sort_keys.get((c.table, c.partition))
         grid.add_row(c.table, c.partition, ",".join(key) if key else "-", c.display_id, c.kind.value,
-                     format_time(c.min_time), format_time(c.max_time), str(c.row_count), str(c.order))
+                     f"L{c.level}" if c.kind.value == "parquet" else "-", format_time(c.min_time),
+                     format_time(c.max_time), str(c.row_count), str(c.order))
     console.print(grid)

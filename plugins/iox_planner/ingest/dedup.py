@@ -20,7 +20,15 @@ def _codes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     if pa.types.is_string(array.type) or pa.types.is_large_string(array.type) or pa.types.is_binary(array.type):
         array = pc.dictionary_encode(array)
     if pa.types.is_dictionary(array.type):
-        return np.asarray(array.indices.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+        # Codes are the values' ranks in the sorted dictionary (NULL: -1, first), so the merged rows come out
+        # sorted on the keys as Arrow and Spark sort them (ascending, NULLs first): compaction writes them as is.
+        ranks = np.empty(len(array.dictionary), dtype=np.int64)
+        ranks[np.asarray(pc.sort_indices(array.dictionary).to_numpy(zero_copy_only=False), dtype=np.int64)] = \
+            np.arange(len(array.dictionary), dtype=np.int64)
+        indices = np.asarray(array.indices.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+        if not len(ranks):  # every value NULL
+            return indices
+        return np.where(indices >= 0, ranks[np.maximum(indices, 0)], -1)
     if array.null_count:
         values = np.asarray(array.fill_null(0).to_numpy(zero_copy_only=False))
         return np.where(array.is_null().to_numpy(zero_copy_only=False), np.iinfo(np.int64).min, values)
@@ -66,7 +74,8 @@ def _combine(codes: list[np.ndarray]) -> list[np.ndarray]:
 
 def deduplicate_table(table: pa.Table, keys: Sequence[str], order: np.ndarray) -> tuple[pa.Table, np.ndarray]:
     """Deduplicate `table` on `keys`; `order` ranks rows oldest first. Returns the merged rows (all columns of
-    `table`, keys first as in `table`) and, per merged row, the highest order that contributed to it."""
+    `table`, keys first as in `table`), sorted ascending on `keys` in the order given (NULLs first), and, per
+    merged row, the highest order that contributed to it."""
     n = table.num_rows
     if n == 0:
         return table, np.asarray(order, dtype=np.int64)

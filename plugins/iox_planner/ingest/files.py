@@ -110,11 +110,13 @@ def sort_table(table: pa.Table, sort_key: Sequence[str]) -> pa.Table:
     return table.sort_by(keys)
 
 
-def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, ColumnType]) -> pa.Table:
+def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, ColumnType],
+                sort_key: Sequence[str] | None = None) -> pa.Table:
     """IOx deduplication of `(chunk order, table)` parts: one row per primary key (tags + time, NULL tag equals
     NULL tag); every other column takes its last non-null value by chunk order, then write position (`__seq`).
     Parts may lack columns; the result has all of `columns` and no `__seq`. The merge itself is THE one Arrow
-    dedup, `dedup.deduplicate_table` (the Spark runner's workers use it too), ranked by `pack_order`."""
+    dedup, `dedup.deduplicate_table` (the Spark runner's workers use it too), ranked by `pack_order`. With
+    `sort_key` (the primary key's columns in sort order), the rows come out sorted on it: no sort needed after."""
     import numpy as np
 
     from iox_planner.ingest.dedup import deduplicate_table
@@ -132,6 +134,10 @@ def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, Col
     if not aligned:
         return schema.empty_table()
     keys = [n for n in schema.names if columns[n].is_key]
+    if sort_key is not None:
+        if sorted(sort_key) != sorted(keys):
+            raise ValueError(f"sort key {list(sort_key)} is not an order of the primary key {keys}")
+        keys = list(sort_key)
     merged, _ = deduplicate_table(pa.concat_tables(aligned), keys, np.concatenate(ranks))
     return merged.select(schema.names).cast(schema)
 

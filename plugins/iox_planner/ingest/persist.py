@@ -80,6 +80,7 @@ def persist(
     grace = DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds
     collect_garbage(catalog, root, grace)
     sweep_unreferenced(catalog, root, db_id, grace)
+    sweep_compaction_strays(catalog, root, targets)
     return results
 
 
@@ -215,6 +216,50 @@ def _referenced(catalog: Catalog, rel: str) -> bool:
     with catalog.engine.connect() as conn:
         return any(conn.execute(sa.select(ct.c.id).where(ct.c.path == rel).limit(1)).first() is not None
                    for ct in (parquet_files, ingester_chunks))
+
+
+COMPACTED_SUFFIX = ".compacted.parquet"
+"""Compaction names its outputs `<uuid>.compacted.parquet`, so a sweep knows a stray one from a write's or a
+persist's file in flight (which it must never touch)."""
+_STRAY = re.compile(r"^\.?[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.compacted\.parquet"
+                    r"(\.[0-9a-f]{32}\.tmp)?$")
+
+
+def sweep_compaction_strays(catalog: Catalog, root: Path, partition_ids: Sequence[int]) -> int:
+    """Delete compaction outputs the catalog does not name (left by a compaction killed before its swap) in the
+    given partitions' folders. Only under the partition's compaction lock: a compaction in flight holds it, so
+    its staged outputs are never taken for strays; a partition whose lock is held is left for the next sweep."""
+    removed = 0
+    with catalog.engine.connect() as conn:
+        for pid in partition_ids:
+            if not catalog.try_lock_compaction(conn, pid):
+                continue
+            try:
+                removed += sweep_locked_partition(catalog, conn, root, pid)
+            finally:
+                catalog.unlock_compaction(conn, pid)
+                conn.commit()
+    return removed
+
+
+def sweep_locked_partition(catalog: Catalog, conn: sa.Connection, root: Path, partition_id: int) -> int:
+    """The sweep of one partition whose compaction lock `conn` holds."""
+    row = conn.execute(sa.select(partitions.c.table_id, tables.c.database_id)
+                       .join_from(partitions, tables, partitions.c.table_id == tables.c.id)
+                       .where(partitions.c.id == partition_id)).first()
+    if row is None:
+        return 0
+    rel = f"{int(row.database_id)}/{int(row.table_id)}/{partition_id}"
+    folder = root / rel
+    if not folder.is_dir():
+        return 0
+    known = catalog.partition_paths(conn, partition_id)
+    removed = 0
+    for entry in folder.iterdir():
+        if _STRAY.fullmatch(entry.name) and f"{rel}/{entry.name}" not in known and entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 # --- persisting on a schedule ---------------------------------------------------------------------------------------

@@ -1,0 +1,86 @@
+"""The `iox_compact` DAG's steps: find the partitions that need compaction and batch them for at most
+IOX_MAX_SPARK_JOBS Spark jobs; sum the batches' reports."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from iox_airflow.settings import AirflowSettings
+
+
+def report_folder(run_id: str) -> Path:
+    from iox_planner.config import state_dir
+
+    return state_dir() / "compact" / re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:200]
+
+
+def batch_args(settings: AirflowSettings, run_id: str) -> list[list[str]]:
+    """One spark-submit argument list per batch: `--metrics <report> --target DB=PID,PID ...`. Partitions go to
+    the batch with the fewest rows so far, largest first, so batches take about equal time."""
+    from iox_planner.catalog.store import Catalog
+    from iox_planner.ingest.compact import PartitionPlan, describe_plan, dry_run
+
+    catalog = Catalog()
+    work: list[tuple[int, str, int]] = []
+    try:
+        catalog.require_schema()
+        with catalog.engine.connect() as conn:
+            names = list(settings.compact_databases) or catalog.database_names(conn)
+        for db in names:
+            for item in dry_run(catalog, db):
+                print(f"{db}: " + "\n".join(describe_plan(item)))
+                if isinstance(item, PartitionPlan):
+                    work.append((item.rows_in, db, item.partition_id))
+    finally:
+        catalog.dispose()
+    if not work:
+        print("nothing to compact")
+        return []
+    count = min(settings.max_spark_jobs, len(work))
+    loads = [0] * count
+    members: list[dict[str, list[int]]] = [{} for _ in range(count)]
+    for rows, db, pid in sorted(work, reverse=True):
+        i = loads.index(min(loads))
+        loads[i] += rows
+        members[i].setdefault(db, []).append(pid)
+    folder = report_folder(run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, group in enumerate(members):
+        args = ["--metrics", str(folder / f"batch-{i}.json")]
+        for db, pids in sorted(group.items()):
+            args += ["--target", f"{db}={','.join(str(p) for p in sorted(pids))}"]
+        out.append(args)
+    print(f"{len(work)} partition(s) to compact in {count} Spark job(s)")
+    return out
+
+
+def sum_reports(batches: list[list[str]]) -> dict[str, Any]:
+    """The run's report: the batches' totals summed and printed. A batch without a report failed: the run fails
+    after reporting the others (their swaps are done and stay)."""
+    from iox_planner.errors import IoxError
+
+    keys = ("partitions", "skipped", "files_in", "files_out", "rows_in", "rows_out", "duplicates_removed")
+    total = dict.fromkeys(keys, 0)
+    failed = []
+    for args in batches:
+        path = Path(args[args.index("--metrics") + 1])
+        if not path.is_file():
+            failed.append(path.stem)
+            continue
+        data = json.loads(path.read_text())
+        for k in keys:
+            total[k] += int(data[k])
+        for o in data["outcomes"]:
+            if o["skipped"]:
+                print(f"{o['table']} {o['partition']}: {o['skipped']}")
+    print(f"compacted {total['partitions']} partition(s): {total['files_in']} file(s) in, {total['files_out']} out; "
+          f"{total['rows_in']:,} rows in, {total['rows_out']:,} out; {total['duplicates_removed']:,} duplicates "
+          f"removed; {total['skipped']} skipped")
+    if failed:
+        raise IoxError(f"compaction batch(es) {', '.join(failed)} failed (see their task logs); their partitions "
+                       "are as before and the next run retries them")
+    return total

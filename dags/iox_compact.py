@@ -1,0 +1,63 @@
+"""`iox_compact`: compacts the partitions that need it (hot: L0 files into non-overlapping L1 files; cold: a quiet
+partition's small L1 files into large L2 files), so queries stop paying for deduplication.
+
+Every IOX_COMPACT_SCHEDULE (default hourly) `find_work` reads the compaction plan of every database
+(IOX_COMPACT_DATABASES, default all) and splits the partitions that need work into at most IOX_MAX_SPARK_JOBS
+batches of about equal rows; each batch is one mapped spark-submit of `spark_jobs/run_compact.py`; `report` sums
+the batches' reports (partitions, files and rows in and out, duplicates removed) and fails the run if a batch
+failed. Rerun-safe: a batch compacts what still needs it when it runs, and a partition already compacted has
+nothing left to do. A failed batch changes nothing it did not finish: each partition is swapped in its own catalog
+transaction, after its outputs are written, and a killed job's staged outputs are swept later.
+
+With `iox_persist`: both may run at once. A persist and a compaction's swap take the same partition row lock, so
+they commit one after the other; persist never retires files and compaction never touches ingester chunks; the
+swap re-checks the partition under that lock and skips (nothing registered) if a persist made its merge wrong. Two
+compactions of one partition exclude each other with the partition's compaction lock (the second skips).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from airflow.sdk import DAG, task
+from airflow.utils.trigger_rule import TriggerRule
+
+from iox_airflow.operators import IoxSparkSubmitOperator
+from iox_airflow.settings import AirflowSettings
+from iox_planner.sparkconf import jobs_dir
+
+SETTINGS = AirflowSettings.from_env()
+
+with DAG(
+    dag_id="iox_compact",
+    description="Compact overlapping Parquet files into non-overlapping L1 and L2 files",
+    schedule=SETTINGS.compact_schedule,
+    start_date=dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc),
+    catchup=False,
+    max_active_runs=1,
+    # Paused when first deployed: it rewrites every database's files, so an operator turns it on
+    # (`airflow dags unpause iox_compact`); `airflow dags test iox_compact` runs it either way.
+    is_paused_upon_creation=True,
+    tags=["iox-batch", "maintenance"],
+    doc_md=__doc__,
+):
+
+    @task
+    def find_work(**context: Any) -> list[list[str]]:
+        from iox_airflow.compaction import batch_args
+
+        return batch_args(AirflowSettings.from_env(), str(context["run_id"]))
+
+    @task(trigger_rule=TriggerRule.ALL_DONE)
+    def report(batches: list[list[str]]) -> dict[str, Any]:
+        from iox_airflow.compaction import sum_reports
+
+        return sum_reports(batches)
+
+    found = find_work()
+    compact_batch = IoxSparkSubmitOperator.partial(
+        task_id="compact_batch", application=str(jobs_dir() / "run_compact.py"),
+        retries=SETTINGS.spark_retries, retry_delay=dt.timedelta(seconds=SETTINGS.spark_retry_delay_s),
+    ).expand(application_args=found)
+    compact_batch >> report(found)

@@ -1,0 +1,535 @@
+"""Compaction: which partitions need it, the plan of each (inputs, level, time slices), one slice's merge (run in
+Spark's Python workers) and the catalog swap. The Spark side is `spark_jobs/compact_job.py`; this module has no
+pyspark.
+
+Levels, as in IOx: persist writes L0 files (may overlap anything). Hot compaction rewrites a partition's L0 files
+(with the L1 files they overlap) into L1 files that never overlap each other; cold compaction rewrites the L1 files
+of a partition quiet for `IOX_COMPACT_COLD_SECONDS` into L2 files of about `IOX_COMPACT_TARGET_ROWS` rows.
+
+Exactness: the inputs are merged with PRODUCT.md's dedup (`files.deduplicate`), cut by time (`slicing.time_slices`,
+the planner's rule; rows of different nanoseconds are never duplicates, so slices merge alone) and every output
+takes the newest input's order. That is only right when no chunk left outside has an order between the inputs'
+orders and a time range overlapping them (the merge would lift old input rows above it): such a file is pulled
+into the compaction, such an ingester chunk (persist's job, never ours) makes the partition wait.
+
+Atomicity: one partition's outputs are staged as `<uuid>.compacted.parquet` files, then ONE transaction re-checks
+that the inputs are still live and nothing misordered appeared, registers the outputs and retires the inputs (the
+grace period keeps them readable for queries planned before). Otherwise nothing is registered and the staged
+outputs are deleted. A killed compaction leaves strays only, swept under the partition's compaction lock by the
+next compaction or persist (`persist.sweep_compaction_strays`).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import sqlalchemy as sa
+
+from iox_planner.catalog.names import check_name, excerpt
+from iox_planner.catalog.store import Catalog, ChunkRow
+from iox_planner.config import warehouse as default_warehouse
+from iox_planner.errors import BadInputError, CatalogError
+from iox_planner.ingest import files as storage
+from iox_planner.ingest.persist import COMPACTED_SUFFIX, sweep_locked_partition
+from iox_planner.model import LOCAL_STORE, TIME, ChunkKind, ColumnType
+from iox_planner.slicing import Span, time_slices
+from iox_planner.timeutil import format_time
+
+DEFAULT_COLD_SECONDS = 4 * 3600
+DEFAULT_TARGET_ROWS = 5_000_000
+DEFAULT_MAX_ROWS = 2_000_000
+DEFAULT_MIN_SLICES = 2
+PARALLEL_SLICE_ROWS = 65_536
+"""A partition is cut into `min_slices` tasks only while each keeps at least this many rows: below that a second
+Spark task costs more than it saves."""
+_BOUNDS = {
+    "IOX_COMPACT_MIN_SLICES": (1, 4096),
+    "IOX_COMPACT_COLD_SECONDS": (0, 10 * 365 * 86400),
+    "IOX_COMPACT_TARGET_ROWS": (1, 1 << 40),
+    "IOX_COMPACT_MAX_ROWS": (1, 1 << 40),
+}
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    low, high = _BOUNDS[name]
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise BadInputError(f"{name}={text[:40]!r} is not allowed; set a whole number from {low:,} to {high:,} "
+                            f"or unset it (default {default:,})")
+    return value
+
+
+@dataclass(frozen=True)
+class CompactSettings:
+    cold_seconds: int = DEFAULT_COLD_SECONDS
+    """A partition whose newest chunk is this old is cold: its L1 files may become L2."""
+    target_rows: int = DEFAULT_TARGET_ROWS
+    """Rows of an L2 file (and the size below which an L1 file counts as small)."""
+    max_rows: int = DEFAULT_MAX_ROWS
+    """Memory budget: at most about this many input rows are read by one task (one time slice)."""
+    min_slices: int = 1
+    """Parallelism: a large partition is cut into at least this many time slices (Spark tasks run at once)."""
+
+    @staticmethod
+    def from_env() -> CompactSettings:
+        return CompactSettings(_env_int("IOX_COMPACT_COLD_SECONDS", DEFAULT_COLD_SECONDS),
+                               _env_int("IOX_COMPACT_TARGET_ROWS", DEFAULT_TARGET_ROWS),
+                               _env_int("IOX_COMPACT_MAX_ROWS", DEFAULT_MAX_ROWS),
+                               _env_int("IOX_COMPACT_MIN_SLICES", DEFAULT_MIN_SLICES))
+
+
+# --- planning ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """One partition's compaction: which files, into which level, why, cut into which time slices."""
+
+    db_id: int
+    table: str
+    table_id: int
+    partition: str
+    partition_id: int
+    level: int
+    reason: str
+    inputs: tuple[ChunkRow, ...]
+    slices: tuple[tuple[int, int], ...]
+    columns: Mapping[str, ColumnType]
+    sort_key: tuple[str, ...]
+
+    @property
+    def order(self) -> int:
+        return max(c.order for c in self.inputs)
+
+    @property
+    def rows_in(self) -> int:
+        return sum(c.row_count for c in self.inputs)
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A partition that needs work but cannot be compacted now, and why (one sentence)."""
+
+    table: str
+    partition: str
+    reason: str
+
+
+def _overlaps(c: ChunkRow, lo: int, hi: int) -> bool:
+    return c.min_time <= hi and c.max_time >= lo
+
+
+def close_inputs(inputs: Sequence[ChunkRow], others: Sequence[ChunkRow], level: int) -> list[ChunkRow] | str:
+    """`inputs` grown until the compaction is exact and its outputs cannot overlap a file of their `level`: a
+    file overlapping the inputs' time range joins when it is of the output level, or when its order lies between
+    the inputs' orders (the order trap). An ingester chunk in the trap cannot join (persist's job): the reason, as
+    text, is returned instead."""
+    chosen = {c.id: c for c in inputs}
+    while True:
+        lo = min(c.min_time for c in chosen.values())
+        hi = max(c.max_time for c in chosen.values())
+        first = min(c.order for c in chosen.values())
+        last = max(c.order for c in chosen.values())
+        grew = False
+        for c in others:
+            if c.kind is ChunkKind.PARQUET and c.id in chosen:
+                continue
+            if not _overlaps(c, lo, hi):
+                continue
+            between = first <= c.order <= last
+            if c.kind is ChunkKind.INGESTER:
+                if between:
+                    return (f"ingester chunk {c.display_id} (order {c.order}) overlaps the files to compact and its "
+                            f"order lies between theirs ({first} to {last}); persist the partition first")
+                continue
+            if between or c.level == level:
+                chosen[c.id] = c
+                grew = True
+        if not grew:
+            return sorted(chosen.values(), key=lambda c: (c.order, c.id))
+
+
+def output_sort_key(partition_key: Sequence[str] | None, inputs: Sequence[ChunkRow],
+                    columns: Mapping[str, ColumnType]) -> tuple[str, ...]:
+    """The partition's sort key restricted to the outputs' columns. Loaded files may predate a partition key, or
+    hold tags it lacks: those tags go just before time, by name (the same for every slice of the compaction)."""
+    base = list(partition_key) if partition_key else list(max(inputs, key=lambda c: c.order).sort_key)
+    head = [c for c in base if c in columns and columns[c] is ColumnType.TAG]
+    extra = sorted(c for c, t in columns.items() if t is ColumnType.TAG and c not in head)
+    return (*head, *extra, TIME)
+
+
+def plan_partition(chunks: Sequence[ChunkRow], quiet_seconds: float, settings: CompactSettings,
+                   partition_key: Sequence[str] | None, table_columns: Mapping[str, ColumnType],
+                   db_id: int) -> PartitionPlan | Skip | None:
+    """The compaction one partition needs now (hot first, cold when quiet), a Skip, or None for no work."""
+    files = [c for c in chunks if c.kind is ChunkKind.PARQUET]
+    if not chunks:
+        return None
+    first = chunks[0]
+    l0 = [c for c in files if c.level == 0]
+    l1 = [c for c in files if c.level == 1]
+    level: int
+    if len(l0) >= 2 or any(_overlaps(a, b.min_time, b.max_time) for a in l0 for b in l1):
+        seeds, level = l0, 1
+        reason = (f"hot: {len(l0)} L0 files" if len(l0) >= 2
+                  else "hot: an L0 file overlaps an L1 file")
+        budget = settings.max_rows
+    else:
+        small = [c for c in l1 if c.row_count < settings.target_rows]
+        ingester = [c for c in chunks if c.kind is ChunkKind.INGESTER]
+        if l0 or ingester or len(small) < 2 or quiet_seconds < settings.cold_seconds:
+            return None
+        seeds, level = l1, 2
+        reason = f"cold: quiet for {quiet_seconds:,.0f} s with {len(small)} small L1 files"
+        budget = min(settings.max_rows, settings.target_rows)
+    closed = close_inputs(seeds, chunks, level)
+    if isinstance(closed, str):
+        return Skip(first.table, first.partition, closed)
+    columns = {name: table_columns[name] for c in closed for name in c.column_names if name in table_columns}
+    columns[TIME] = ColumnType.TIME
+    spans = [Span(c.min_time, c.max_time, c.row_count) for c in closed]
+    rows = sum(c.row_count for c in closed)
+    budget = min(budget, max(PARALLEL_SLICE_ROWS, -(-rows // settings.min_slices)))
+    slices = tuple(time_slices(spans, budget))
+    pulled = len(closed) - len(seeds)
+    if pulled:
+        reason += f" (+{pulled} overlapping file(s) pulled in)"
+    return PartitionPlan(db_id, first.table, first.table_id, first.partition, first.partition_id, level, reason,
+                         tuple(closed), slices, columns, output_sort_key(partition_key, closed, columns))
+
+
+# --- one slice (runs in a Spark Python worker) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SliceTask:
+    """Plain values only: a task crosses into Spark's Python workers."""
+
+    partition_id: int
+    index: int
+    lo: int
+    hi: int
+    inputs: tuple[tuple[str, int], ...]  # (path relative to the warehouse, chunk order)
+    columns: tuple[tuple[str, str], ...]  # (name, ColumnType value)
+    sort_key: tuple[str, ...]
+    output: str  # relative path to write
+
+
+@dataclass(frozen=True)
+class SliceResult:
+    partition_id: int
+    index: int
+    output: str
+    rows_in: int
+    rows_out: int
+    min_time: int | None
+    max_time: int | None
+    file_size: int
+    tag_ranges: Mapping[str, tuple[str, str]]
+
+
+def slice_tasks(plan: PartitionPlan) -> list[SliceTask]:
+    folder = f"{plan.db_id}/{plan.table_id}/{plan.partition_id}"
+    cols = tuple((n, t.value) for n, t in plan.columns.items())
+    return [SliceTask(plan.partition_id, i, lo, hi, tuple((c.path, c.order) for c in plan.inputs), cols,
+                      plan.sort_key, f"{folder}/{uuid.uuid4()}{COMPACTED_SUFFIX}")
+            for i, (lo, hi) in enumerate(plan.slices)]
+
+
+def compact_slice(task: SliceTask, root: str) -> SliceResult:
+    """Read each input's rows of `[lo, hi]` (a Parquet filter, not the whole file), merge them with the one Arrow
+    IOx dedup, sort on the sort key and write the output aside, then into place. An empty slice writes nothing."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    columns = {n: ColumnType(t) for n, t in task.columns}
+    parts = []
+    rows_in = 0
+    for path, order in task.inputs:
+        table = pq.read_table(Path(root) / path, filters=[(TIME, ">=", task.lo), (TIME, "<=", task.hi)])
+        rows_in += table.num_rows
+        parts.append((order, table))
+    # The sort key holds every tag and time (output_sort_key): the dedup's output is already sorted on it.
+    merged = storage.deduplicate(parts, columns, sort_key=task.sort_key)
+    if merged.num_rows == 0:
+        return SliceResult(task.partition_id, task.index, task.output, rows_in, 0, None, None, 0, {})
+    size = storage.write_parquet_atomic(merged, Path(root) / task.output, metadata={"iox.kind": "parquet"})
+    mm = pc.min_max(merged[TIME]).as_py()
+    return SliceResult(task.partition_id, task.index, task.output, rows_in, merged.num_rows, mm["min"], mm["max"],
+                       size, storage.tag_ranges(merged, columns))
+
+
+# --- the swap ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one partition."""
+
+    table: str
+    partition: str
+    level: int
+    files_in: int
+    files_out: int
+    rows_in: int
+    rows_out: int
+    skipped: str | None = None
+
+    @property
+    def duplicates_removed(self) -> int:
+        return self.rows_in - self.rows_out
+
+
+def swap(catalog: Catalog, plan: PartitionPlan, results: Sequence[SliceResult], root: Path) -> Outcome:
+    """Register the outputs and retire the inputs in ONE transaction, after re-checking under the partition's row
+    lock (persist's lock: no persist of this partition runs meanwhile) that every input is still live and that no
+    chunk now outside the compaction sits in the order trap. On a failed check nothing is registered and the
+    staged outputs are deleted."""
+    written = [r for r in results if r.rows_out > 0]
+    try:
+        with catalog.engine.begin() as conn:
+            catalog.lock_partition(conn, plan.partition_id)
+            live = catalog.chunk_rows(conn, plan.db_id, partition_id=plan.partition_id)
+            live_files = {c.id for c in live if c.kind is ChunkKind.PARQUET}
+            gone = [c.display_id for c in plan.inputs if c.id not in live_files]
+            if gone:
+                raise _Changed(f"input file(s) {', '.join(gone[:5])} were retired meanwhile by another process")
+            ids = {c.id for c in plan.inputs}
+            outside = [c for c in live if not (c.kind is ChunkKind.PARQUET and c.id in ids)]
+            closed = close_inputs(plan.inputs, outside, plan.level)
+            if isinstance(closed, str):
+                raise _Changed(closed)
+            if len(closed) != len(plan.inputs):
+                raise _Changed("a file that overlaps the inputs with an order between theirs appeared meanwhile")
+            layout = storage.column_layout(plan.columns)
+            for r in sorted(written, key=lambda r: r.index):
+                assert r.min_time is not None and r.max_time is not None
+                catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(
+                    object_id=Path(r.output).name.split(".")[0], label=None, table_id=plan.table_id,
+                    partition_id=plan.partition_id, store=LOCAL_STORE, path=r.output, min_time=r.min_time,
+                    max_time=r.max_time, row_count=r.rows_out, file_size=r.file_size, column_names=layout,
+                    tag_ranges={k: list(v) for k, v in r.tag_ranges.items()}, chunk_order=plan.order,
+                    sort_key=[c for c in plan.sort_key if c in plan.columns], compaction_level=plan.level,
+                ))
+            catalog.retire_chunks(conn, ChunkKind.PARQUET, [c.id for c in plan.inputs])
+    except _Changed as changed:
+        _remove(root, results)
+        return Outcome(plan.table, plan.partition, plan.level, len(plan.inputs), 0, plan.rows_in, 0,
+                       skipped=f"skipped: {changed}; nothing was changed, a later run will retry")
+    except BaseException:
+        _remove(root, results)
+        raise
+    return Outcome(plan.table, plan.partition, plan.level, len(plan.inputs), len(written),
+                   sum(r.rows_in for r in results), sum(r.rows_out for r in results))
+
+
+class _Changed(Exception):
+    pass
+
+
+def _remove(root: Path, results: Sequence[SliceResult]) -> None:
+    for r in results:
+        (root / r.output).unlink(missing_ok=True)
+
+
+# --- the whole run ---------------------------------------------------------------------------------------------
+
+
+SliceRunner = Callable[[Sequence[SliceTask], Path], Sequence[SliceResult]]
+
+
+@dataclass
+class Report:
+    """A compaction run: what each partition got, and the totals PRODUCT.md's summary names."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    plans: list[PartitionPlan | Skip] = field(default_factory=list)
+
+    @property
+    def compacted(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.skipped is None]
+
+    def totals(self) -> dict[str, int]:
+        done = self.compacted
+        return {
+            "partitions": len(done),
+            "skipped": len(self.outcomes) - len(done),
+            "files_in": sum(o.files_in for o in done),
+            "files_out": sum(o.files_out for o in done),
+            "rows_in": sum(o.rows_in for o in done),
+            "rows_out": sum(o.rows_out for o in done),
+            "duplicates_removed": sum(o.duplicates_removed for o in done),
+        }
+
+
+def find_work(catalog: Catalog, conn: sa.Connection, db_id: int, settings: CompactSettings, *,
+              table: str | None = None, partition: str | None = None,
+              only: Sequence[int] | None = None) -> list[PartitionPlan | Skip]:
+    """The plan of every partition that needs compaction now (or a Skip saying why it must wait)."""
+    out: list[PartitionPlan | Skip] = []
+    candidates = catalog.compaction_candidates(conn, db_id, table=table, partition=partition)
+    if only is not None:
+        candidates = [p for p in candidates if p in set(only)]
+    keys = {int(r.id): r.sort_key for r in catalog.partition_rows(conn, db_id, table)}
+    columns_of: dict[int, Mapping[str, ColumnType]] = {}
+    for pid in candidates:
+        chunks = catalog.chunk_rows(conn, db_id, partition_id=pid)
+        if not chunks:
+            continue
+        tid = chunks[0].table_id
+        if tid not in columns_of:
+            columns_of[tid] = catalog.table_columns(conn, tid)
+        found = plan_partition(chunks, catalog.partition_quiet_seconds(conn, pid), settings, keys.get(pid),
+                               columns_of[tid], db_id)
+        if found is not None:
+            out.append(found)
+    return out
+
+
+def check_target(catalog: Catalog, conn: sa.Connection, db: str, table: str | None,
+                 partition: str | None) -> int:
+    """The database id, after checking the names given (a one-paragraph error for an unknown one)."""
+    db_id = catalog.database_id(conn, db)
+    if table is not None:
+        check_name(table, "table name")
+        known = catalog.table_ids(conn, db_id)
+        if table not in known:
+            names = ", ".join(sorted(known)) or "none"
+            raise CatalogError(f"table {excerpt(table)} does not exist in database {db!r} (tables: {names})")
+    if partition is not None:
+        import re
+
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", partition):
+            raise BadInputError(f"--partition {excerpt(partition)} is not a partition key; give a UTC day, "
+                                "YYYY-MM-DD")
+    return db_id
+
+
+def compact(
+    catalog: Catalog,
+    db: str,
+    run_slices: SliceRunner,
+    *,
+    table: str | None = None,
+    partition: str | None = None,
+    only: Sequence[int] | None = None,
+    warehouse: Path | None = None,
+    settings: CompactSettings | None = None,
+    progress: Callable[[str], None] | None = None,
+    after_slices: Callable[[], None] | None = None,
+) -> Report:
+    """Compact every partition of `db` (or of `table`, or the one `partition`; `only`: these partition ids) that
+    needs it. Each partition's compaction lock is taken first, for the whole run; a partition another compactor
+    holds is skipped with a message. All slices of all locked partitions run as ONE call of `run_slices` (one
+    Spark job), then each partition is swapped on its own."""
+    root = warehouse or default_warehouse()
+    settings = settings or CompactSettings.from_env()
+    say = progress or (lambda _line: None)
+    report = Report()
+    with catalog.engine.connect() as lock_conn:
+        db_id = check_target(catalog, lock_conn, db, table, partition)
+        wanted = find_work(catalog, lock_conn, db_id, settings, table=table, partition=partition, only=only)
+        lock_conn.commit()
+        locked: list[int] = []
+        try:
+            for item in wanted:
+                if isinstance(item, Skip):
+                    continue
+                pid = item.partition_id
+                if catalog.try_lock_compaction(lock_conn, pid):
+                    locked.append(pid)
+                else:
+                    report.outcomes.append(Outcome(item.table, item.partition, item.level, 0, 0, 0, 0,
+                                                   skipped="skipped: another compaction of this partition is "
+                                                           "running; it does the work"))
+            lock_conn.commit()
+            for item in wanted:
+                if isinstance(item, Skip):
+                    report.plans.append(item)
+                    report.outcomes.append(Outcome(item.table, item.partition, 0, 0, 0, 0, 0,
+                                                   skipped=f"skipped: {item.reason}"))
+            # Planned again under the locks: a compactor that finished just before we locked changed the files.
+            plans: list[PartitionPlan] = []
+            for pid in locked:
+                sweep_locked_partition(catalog, lock_conn, root, pid)
+                for item in find_work(catalog, lock_conn, db_id, settings, only=[pid]):
+                    report.plans.append(item)
+                    if isinstance(item, PartitionPlan):
+                        plans.append(item)
+                    else:
+                        report.outcomes.append(Outcome(item.table, item.partition, 0, 0, 0, 0, 0,
+                                                       skipped=f"skipped: {item.reason}"))
+            lock_conn.commit()
+            tasks = {p.partition_id: slice_tasks(p) for p in plans}
+            everything = [t for p in plans for t in tasks[p.partition_id]]
+            if everything:
+                say(f"compacting {len(plans)} partition(s) in {len(everything)} slice(s) on Spark")
+            try:
+                results = list(run_slices(everything, root)) if everything else []
+                if after_slices is not None:
+                    after_slices()
+            except BaseException:
+                _remove(root, [SliceResult(t.partition_id, t.index, t.output, 0, 0, None, None, 0, {})
+                               for t in everything])
+                raise
+            by_partition: dict[int, list[SliceResult]] = {}
+            for r in results:
+                by_partition.setdefault(r.partition_id, []).append(r)
+            for i, p in enumerate(plans):
+                outcome = swap(catalog, p, by_partition.get(p.partition_id, []), root)
+                report.outcomes.append(outcome)
+                what = outcome.skipped or (
+                    f"L{p.level}: {outcome.files_in} file(s), {outcome.rows_in:,} rows -> {outcome.files_out} "
+                    f"file(s), {outcome.rows_out:,} rows ({outcome.duplicates_removed:,} duplicates removed)")
+                say(f"[{i + 1}/{len(plans)}] {p.table} {p.partition}: {what}")
+        finally:
+            for pid in locked:
+                catalog.unlock_compaction(lock_conn, pid)
+            lock_conn.commit()
+    return report
+
+
+def describe_plan(item: PartitionPlan | Skip) -> list[str]:
+    """The dry run's lines for one partition: which files, which level, why, and how it is sliced."""
+    if isinstance(item, Skip):
+        return [f"{item.table} {item.partition}: waits ({item.reason})"]
+    lines = [f"{item.table} {item.partition}: {len(item.inputs)} file(s), {item.rows_in:,} rows -> "
+             f"L{item.level}, order {item.order}; {item.reason}"]
+    for c in item.inputs:
+        lines.append(f"  in  {c.display_id} L{c.level} order {c.order}, {c.row_count:,} rows, "
+                     f"{format_time(c.min_time)} .. {format_time(c.max_time)}")
+    if len(item.slices) == 1:
+        lines.append("  one slice: the inputs fit one task's budget")
+    else:
+        lines.append(f"  {len(item.slices)} time slices (each task reads at most about its budget of rows):")
+        for lo, hi in item.slices:
+            lines.append(f"    {format_time(lo)} .. {format_time(hi)}")
+    return lines
+
+
+def dry_run(catalog: Catalog, db: str, *, table: str | None = None, partition: str | None = None,
+            settings: CompactSettings | None = None) -> list[PartitionPlan | Skip]:
+    """The compaction plan, read in one short read-only transaction: nothing is locked, written or changed."""
+    settings = settings or CompactSettings.from_env()
+    with catalog.engine.connect() as conn:
+        db_id = check_target(catalog, conn, db, table, partition)
+        return find_work(catalog, conn, db_id, settings, table=table, partition=partition)
+
+
+def report_dict(report: Report) -> dict[str, Any]:
+    """A run's report as JSON-ready values (the DAG's per-run report, a spark-submit job's output)."""
+    return {**report.totals(), "outcomes": [
+        {"table": o.table, "partition": o.partition, "level": o.level, "files_in": o.files_in,
+         "files_out": o.files_out, "rows_in": o.rows_in, "rows_out": o.rows_out, "skipped": o.skipped}
+        for o in report.outcomes]}

@@ -1,0 +1,76 @@
+"""spark-submit entry point of a compaction batch (the `iox_compact` DAG's mapped task).
+
+    spark-submit run_compact.py --metrics REPORT.json --target DB=PARTITION_ID,PARTITION_ID ... [--target ...]
+
+Compacts the listed partitions of each database (`ingest/compact.py`: each partition's compaction lock, one Spark
+job for all slices of a database, one catalog transaction per partition) and writes the run's report (partitions,
+files and rows in and out, duplicates removed, each partition's outcome) as JSON at `--metrics`, written aside and
+renamed. Exit status 0 on success; on failure a one-paragraph `error: ...` on standard error and status 1, with
+every swap not yet done left undone (the catalog as it was for those partitions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def parse_target(text: str) -> tuple[str, list[int]]:
+    from iox_planner.catalog.names import check_db_name
+    from iox_planner.errors import BadInputError
+
+    db, sep, ids = text.partition("=")
+    check_db_name(db)
+    try:
+        pids = [int(p) for p in ids.split(",") if p.strip()]
+    except ValueError:
+        pids = []
+    if not sep or not pids or any(p < 1 for p in pids):
+        raise BadInputError(f"--target {text[:80]!r} is not DB=PARTITION_ID[,PARTITION_ID...]")
+    return db, pids
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="run_compact.py")
+    parser.add_argument("--metrics", required=True)
+    parser.add_argument("--target", action="append", required=True)
+    args = parser.parse_args(argv)
+    from iox_planner.errors import IoxError, clip_message
+
+    try:
+        return run(args)
+    except IoxError as err:
+        print(clip_message(f"error: {err}"), file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    from iox_planner.catalog.store import Catalog
+    from iox_planner.ingest.compact import Report, compact, report_dict
+    from spark_jobs.compact_job import spark_slice_runner
+    from spark_jobs.session import build_session
+
+    targets = [parse_target(t) for t in args.target]
+    catalog = Catalog()
+    catalog.require_schema()
+    spark = build_session(app="iox-batch compact")
+    total = Report()
+    try:
+        for db, pids in targets:
+            report = compact(catalog, db, spark_slice_runner(spark), only=pids,
+                             progress=lambda line, db=db: print(f"{db}: {line}", file=sys.stderr))
+            total.outcomes.extend(report.outcomes)
+    finally:
+        catalog.dispose()
+    out = Path(args.metrics)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(report_dict(total)))
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
