@@ -10,8 +10,12 @@
 | `IOX_PERSIST_CHUNK_THRESHOLD` | 10 | the maintenance DAG persists partitions with at least this many ingester chunks |
 | `IOX_PERSIST_SCHEDULE` | `*/30 * * * *` | when it looks |
 | `IOX_PERSIST_DATABASES` | (all) | comma-separated databases it looks at |
+| `IOX_REFRESH_SCHEDULE` | `*/15 * * * *` | when `iox_refresh` looks for stale materialized intervals |
+| `IOX_REFRESH_CONCURRENCY` | 2 | how many stale intervals `iox_refresh` recomputes at once |
 | `IOX_OUTPUT_ROOT` | `<project>/output` | where relative output paths (params, definitions) resolve |
-| `IOX_OUTPUT_ROOTS` | `IOX_OUTPUT_ROOT` | every folder runs may write under (`os.pathsep`-separated; the first is where relative paths go) |
+| `IOX_OUTPUT_ROOTS` | `IOX_REFRESH_SCHEDULE` | `*/15 * * * *` | when `iox_refresh` looks for stale materialized intervals |
+| `IOX_REFRESH_CONCURRENCY` | 2 | how many stale intervals `iox_refresh` recomputes at once |
+| `IOX_OUTPUT_ROOT` | every folder runs may write under (`os.pathsep`-separated; the first is where relative paths go) |
 | `IOX_MATERIALIZED_DIR` | `dags/materialized` | the folder of materialized query definitions (`*.yaml`) |
 """
 
@@ -36,6 +40,8 @@ class AirflowSettings:
     persist_chunk_threshold: int = 10
     persist_schedule: str = "*/30 * * * *"
     persist_databases: tuple[str, ...] = ()
+    refresh_schedule: str = "*/15 * * * *"
+    refresh_concurrency: int = 2
     output_root: Path = Path("output")
     materialized_dir: Path = Path("dags/materialized")
     output_roots: tuple[Path, ...] = ()
@@ -49,13 +55,14 @@ class AirflowSettings:
                                     "their own, which runs may fill")
         object.__setattr__(self, "output_roots", roots)
         minimum = {"max_spark_jobs": 1, "spark_retries": 0, "spark_retry_delay_s": 0, "spark_fast_start_rows": 0,
-                   "run_lock_ttl_s": 1, "persist_chunk_threshold": 1}
+                   "run_lock_ttl_s": 1, "persist_chunk_threshold": 1, "refresh_concurrency": 1}
         for name, low in minimum.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise BadInputError(f"IOX_{name.upper()} must be a whole number of at least {low}, got {value!r}")
-        if not self.persist_schedule.strip():
-            raise BadInputError("IOX_PERSIST_SCHEDULE must be a cron expression such as '*/30 * * * *'")
+        for name, example in (("persist_schedule", "*/30 * * * *"), ("refresh_schedule", "*/15 * * * *")):
+            if not getattr(self, name).strip():
+                raise BadInputError(f"IOX_{name.upper()} must be a cron expression such as {example!r}")
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> AirflowSettings:
@@ -77,7 +84,7 @@ class AirflowSettings:
             if f.name in values or var not in env or f.name == "output_roots":
                 continue
             text = env[var].strip()
-            if f.name == "persist_schedule":
+            if f.name in ("persist_schedule", "refresh_schedule"):
                 values[f.name] = text
                 continue
             if f.name == "persist_databases":

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from sqlalchemy.engine import Connection
 
 from iox_planner.ingest import files as storage
+from iox_planner.catalog.freshness import WriteEvent, record_writes
 from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.store import Catalog
 from iox_planner.config import warehouse as default_warehouse
@@ -32,6 +33,11 @@ class WrittenChunk:
     partition: str
     rows: int
     order: int
+    min_time: int = 0
+    max_time: int = 0
+
+    def event(self) -> WriteEvent:
+        return WriteEvent(self.table, self.partition, self.min_time, self.max_time, self.rows)
 
 
 @dataclass(frozen=True)
@@ -115,12 +121,15 @@ def write_points(
     conn: Connection | None = None,
     staged: Staged | None = None,
     warehouse: Path | None = None,
+    log_writes: bool = True,
 ) -> WriteResult:
     """Store points as one chunk per (table, partition) and register them in one transaction.
 
     Ingester chunks keep rows exactly as written, with their write position. A Parquet chunk is deduplicated and
     sorted as a persisted file would be (scenario loads). Rows whose columns conflict with the catalog are
     rejected with their line: all of them fail the write, unless `accept_partial` drops just those lines.
+    Each chunk is logged as new data (catalog/freshness.py) unless `log_writes` is false: a scenario load, whose
+    explicit orders may lie below the counter, logs its chunks itself with a fresh order.
     """
     root = warehouse or default_warehouse()
     if conn is None:
@@ -129,7 +138,7 @@ def write_points(
             with catalog.engine.begin() as own:
                 return write_points(catalog, db, points, orders=orders, labels=labels, kind=kind,
                                     sort_key=sort_key, store=store, accept_partial=accept_partial, conn=own,
-                                    staged=own_staged, warehouse=root)
+                                    staged=own_staged, warehouse=root, log_writes=log_writes)
         except BaseException:
             own_staged.rollback()
             raise
@@ -157,6 +166,10 @@ def write_points(
             label=(labels or {}).get((table_name, partition_key)), sort_key=sort_key, store=store,
             lines={p.line for p in group},
         ))
+    if log_writes:
+        # Each chunk's own order came from the counter in this transaction (no explicit orders on this path).
+        assert orders is None, "explicit orders: the caller logs the write with a fresh order"
+        record_writes(conn, db_id, [c.event() for c in written], orders=[c.order for c in written], source="write")
     return WriteResult(tuple(written), tuple(conflicts))
 
 
@@ -214,7 +227,7 @@ def store_chunk(
         values["sort_key"] = list(file_sort_key)
     chunk_id = catalog.insert_chunk(conn, kind, values)
     display = label or f"{'P' if kind is ChunkKind.PARQUET else 'I'}{chunk_id}"
-    return WrittenChunk(display, table_name, partition_key, data.num_rows, order)
+    return WrittenChunk(display, table_name, partition_key, data.num_rows, order, mm["min"], mm["max"])
 
 
 def write_table(
@@ -241,6 +254,8 @@ def write_table(
                 part = data.filter(pa.array(days == day))
                 written.append(store_chunk(catalog, conn, staged, db_id, table_name,
                                            partition_of(int(day) * NS_PER_DAY), part, columns, kind=kind))
+            record_writes(conn, db_id, [c.event() for c in written], orders=[c.order for c in written],
+                          source="write")
             return written
     except BaseException:
         staged.rollback()
