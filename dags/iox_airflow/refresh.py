@@ -96,7 +96,7 @@ def scheduled_intervals(definition: MaterializedQuery, now: dt.datetime) -> Iter
 
 
 def status(catalog: Any, definition: MaterializedQuery, *, now: dt.datetime | None = None,
-           start: int | None = None, end: int | None = None) -> DefinitionStatus:
+           start: int | None = None, end: int | None = None, never_run: bool = True) -> DefinitionStatus:
     """Every interval of one definition: fresh or stale (and why), failed, running; the scheduled ones never run."""
     from iox_planner.catalog import freshness
 
@@ -120,7 +120,7 @@ def status(catalog: Any, definition: MaterializedQuery, *, now: dt.datetime | No
             states.append(IntervalState(key[0], key[1], "stale" if late else "fresh", reasons, detail))
     never: list[tuple[int, int, int]] = []
     seen = set(done) | set(last)
-    for lo, hi in scheduled_intervals(definition, now):
+    for lo, hi in (scheduled_intervals(definition, now) if never_run else ()):
         if (start is not None and hi <= start) or (end is not None and lo >= end) or (lo, hi) in seen:
             continue
         if never and never[-1][1] == lo:
