@@ -221,7 +221,7 @@ def last_runs(conn: Connection, definition: str, start: int | None = None,
                   query_runs.c.id, query_runs.c.dag_id, query_runs.c.run_id)
         .where(query_runs.c.definition == definition, query_runs.c.interval_start.is_not(None),
                query_runs.c.interval_end.is_not(None))
-        .distinct(query_runs.c.interval_start, query_runs.c.interval_end)
+        .ext(pg.distinct_on(query_runs.c.interval_start, query_runs.c.interval_end))
         .order_by(query_runs.c.interval_start, query_runs.c.interval_end, query_runs.c.started_at.desc(),
                   query_runs.c.id.desc())
     )
