@@ -49,6 +49,7 @@ def _find(names: list[str]) -> list[dict[str, Any]]:
 
 
 def _refresh(item: dict[str, Any], context: Any) -> dict[str, Any]:
+    from airflow.sdk import get_current_context
     from airflow.sdk.exceptions import AirflowFailException
 
     from iox_planner.timeutil import format_time
@@ -58,7 +59,8 @@ def _refresh(item: dict[str, Any], context: Any) -> dict[str, Any]:
     settings = AirflowSettings.from_env()
     definition = refresh.pick(load_definitions(settings.materialized_dir), item["name"])
     ti = context["ti"]
-    context["refresh_target"] = f"{item['name']} {format_time(item['start'])}"  # the mapped task's label
+    label: Any = get_current_context()
+    label["refresh_target"] = f"{item['name']} {format_time(item['start'])}"  # the mapped task's label
     # One query run (and one run lock holder) per interval of this DAG run.
     run = refresh.RunIdentity(ti.dag_id, f"{ti.run_id}:{item['name']}:{format_time(item['start'])}")
     result = refresh.refresh_interval(definition, int(item["start"]), int(item["end"]), run, settings)

@@ -122,7 +122,8 @@ def test_the_watermark_is_exact_against_a_write_in_flight(catalog: Catalog, db: 
 
     with catalog.engine.connect() as writer:
         tx = writer.begin()
-        result = ingest.write_points(catalog, db, parse(lines(0, 3, value=70.0), default_time=T0).points, conn=writer, staged=staged)
+        points = parse(lines(0, 3, value=70.0), default_time=T0).points
+        result = ingest.write_points(catalog, db, points, conn=writer, staged=staged)
         [in_flight] = result.chunks
         # The plan runs while the write holds its order (the reader never waits for the writer's lock).
         source = CatalogSource(catalog, db)
@@ -153,4 +154,5 @@ def test_the_stale_query_uses_the_write_log_index(catalog: Catalog, db: str) -> 
 def test_record_writes_refuses_what_is_not_a_write(catalog: Catalog, bad: dict[str, object]) -> None:
     args: dict[str, object] = {"order": 1, "source": "write", **bad}
     with catalog.engine.begin() as conn, pytest.raises(ValueError):
-        freshness.record_writes(conn, 1, [freshness.WriteEvent("t", "2024-01-01", T0, T0, 1)], **args)  # type: ignore[arg-type]
+        event = freshness.WriteEvent("t", "2024-01-01", T0, T0, 1)
+        freshness.record_writes(conn, 1, [event], **args)  # type: ignore[arg-type]

@@ -222,10 +222,10 @@ def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: R
             jobs = _run_in_process(Path(outcome.staging), runs.spark_format(request))
         else:
             for job in outcome.jobs:
-                _spark_submit(Path(job["application"]).name, job["application_args"])
+                _spark_submit(Path(job["application"]).name, job["application_args"], bool(job.get("fast_start")))
                 jobs += 1
             if outcome.merge:
-                _spark_submit(runs.PARTS_JOB.name, outcome.merge)
+                _spark_submit(runs.PARTS_JOB.name, outcome.merge, outcome.merge_fast_start)
                 jobs += 1
     except IoxError as err:
         message = runs.fail(request, run, outcome.handle(), str(err))
@@ -244,11 +244,11 @@ def _dt(ns: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
 
 
-def _spark_submit(job: str, args: Sequence[str]) -> None:
+def _spark_submit(job: str, args: Sequence[str], fast_start: bool) -> None:
     from iox_planner.sparkconf import spark_env, spark_submit_command
 
-    done = subprocess.run(spark_submit_command(job, list(args)), capture_output=True, text=True,
-                          env={**os.environ, **spark_env()})
+    done = subprocess.run(spark_submit_command(job, list(args), fast_start=fast_start), capture_output=True,
+                          text=True, env={**os.environ, **spark_env()})
     if done.returncode != 0:
         errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
         if errors:

@@ -13,9 +13,7 @@
 | `IOX_REFRESH_SCHEDULE` | `*/15 * * * *` | when `iox_refresh` looks for stale materialized intervals |
 | `IOX_REFRESH_CONCURRENCY` | 2 | how many stale intervals `iox_refresh` recomputes at once |
 | `IOX_OUTPUT_ROOT` | `<project>/output` | where relative output paths (params, definitions) resolve |
-| `IOX_OUTPUT_ROOTS` | `IOX_REFRESH_SCHEDULE` | `*/15 * * * *` | when `iox_refresh` looks for stale materialized intervals |
-| `IOX_REFRESH_CONCURRENCY` | 2 | how many stale intervals `iox_refresh` recomputes at once |
-| `IOX_OUTPUT_ROOT` | every folder runs may write under (`os.pathsep`-separated; the first is where relative paths go) |
+| `IOX_OUTPUT_ROOTS` | `IOX_OUTPUT_ROOT` | every folder runs may write under (`os.pathsep`-separated; the first is where relative paths go) |
 | `IOX_MATERIALIZED_DIR` | `dags/materialized` | the folder of materialized query definitions (`*.yaml`) |
 """
 
