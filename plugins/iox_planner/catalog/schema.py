@@ -137,6 +137,13 @@ write_events = sa.Table(
     sa.Column("source", sa.Text, nullable=False),
     sa.Column("written_at", sa.DateTime(timezone=True)),
 )
+write_hours = sa.Table(
+    "iox_write_hour", metadata,
+    sa.Column("database_id", sa.BigInteger, primary_key=True),
+    sa.Column("table_name", sa.Text, primary_key=True),
+    sa.Column("hour_start", sa.BigInteger, primary_key=True),
+    sa.Column("max_order", sa.BigInteger, nullable=False),
+)
 database_drops = sa.Table(
     "iox_database_drop", metadata,
     sa.Column("database_id", sa.BigInteger, primary_key=True),
