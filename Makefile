@@ -41,6 +41,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_planner.py
 	$(BIN)/python benchmarks/bench_spark.py
 	$(BIN)/python benchmarks/bench_lineprotocol.py
+	$(BIN)/python benchmarks/bench_staleness.py
 
 # Regenerate the lock from requirements.in (needs the registry).
 lock:
