@@ -227,8 +227,12 @@ def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: R
             if outcome.merge:
                 _spark_submit(runs.PARTS_JOB.name, outcome.merge, outcome.merge_fast_start)
                 jobs += 1
-    except IoxError as err:
-        message = runs.fail(request, run, outcome.handle(), str(err))
+    except BaseException as err:
+        # Whatever stopped the job: the run is recorded failed, its lock released, its staging removed.
+        reason = str(err) if isinstance(err, IoxError) else f"internal error while running Spark: {err!r}"
+        message = runs.fail(request, run, outcome.handle(), reason)
+        if not isinstance(err, IoxError):
+            raise
         return RefreshResult(definition.name, start, end, False, spark_jobs=jobs + 1, error=message)
     try:
         done = runs.commit(request, run, outcome.handle())

@@ -122,7 +122,7 @@ output_publications = sa.Table(
     sa.Column("run", sa.Text, nullable=False),
     sa.Column("published_at", sa.DateTime(timezone=True)),
 )
-# Freshness of materialized intervals (migration 0005; see catalog/freshness.py).
+# Freshness of materialized intervals (catalog_sql/*_materialized_reads.sql; see catalog/freshness.py).
 write_events = sa.Table(
     "iox_write_event", metadata,
     sa.Column("id", sa.BigInteger, primary_key=True),
