@@ -37,7 +37,8 @@ class IntervalState:
     start: int
     end: int
     state: str
-    """fresh | stale | failed | running"""
+    """stale (data arrived after the published output was computed; `error` if a rerun since failed) | fresh |
+    failed (the newest run failed; `materialized`: an older output is still published) | running"""
     reasons: tuple[str, ...] = ()
     late: tuple[dict[str, Any], ...] = ()
     error: str | None = None
@@ -112,12 +113,15 @@ def status(catalog: Any, definition: MaterializedQuery, *, now: dt.datetime | No
         reasons = tuple(d.describe() for d in late)
         detail = tuple({"db": d.db, "table": d.table, "chunks": d.chunks, "rows": d.rows,
                         "partitions": list(d.partitions), "dropped": d.dropped} for d in late)
-        if run is not None and run.status in ("failed", "running"):
-            # The newest run did not publish: the output (if any) is an older run's, judged by what that one read.
-            error = run.error if run.status == "failed" else None
-            states.append(IntervalState(key[0], key[1], run.status, reasons, detail, error, key in done))
+        # A newest run that did not publish leaves the output (if any) of an older run, judged by what that one
+        # read: stale stays stale (with the failure shown), a fresh or missing output shows the failure.
+        error = run.error if run is not None and run.status == "failed" else None
+        if key in done and late:
+            states.append(IntervalState(key[0], key[1], "stale", reasons, detail, error))
+        elif run is not None and run.status in ("failed", "running"):
+            states.append(IntervalState(key[0], key[1], run.status, (), (), error, key in done))
         elif key in done:
-            states.append(IntervalState(key[0], key[1], "stale" if late else "fresh", reasons, detail))
+            states.append(IntervalState(key[0], key[1], "fresh"))
     never: list[tuple[int, int, int]] = []
     seen = set(done) | set(last)
     for lo, hi in (scheduled_intervals(definition, now) if never_run else ()):
@@ -131,8 +135,8 @@ def status(catalog: Any, definition: MaterializedQuery, *, now: dt.datetime | No
 
 
 def needs_refresh(state: IntervalState) -> bool:
-    """Stale intervals, and failed reruns of an interval that was stale (its old output is still there)."""
-    return state.state == "stale" or (state.state == "failed" and state.materialized and bool(state.reasons))
+    """Stale intervals (a failed refresh leaves its interval stale, so it is tried again)."""
+    return state.state == "stale"
 
 
 # --- order ---------------------------------------------------------------------------------------------------------

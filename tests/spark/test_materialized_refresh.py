@@ -191,8 +191,9 @@ def test_refresh_recomputes_exactly_the_stale_interval_then_its_rollup(
         assert main(["materialized", "refresh", hourly]) != 0
         assert (out / hourly / "02.jsonl").read_bytes() == old_output
         report = status(capsys)
-        assert states(report[hourly])[2] == ("02:00", "failed")
+        assert states(report[hourly])[2] == ("02:00", "stale")
         assert report[hourly]["intervals"][2]["late"][0]["rows"] == 2
+        assert "is missing from the warehouse" in report[hourly]["intervals"][2]["error"]
         assert states(report[daily]) == [("00:00", "fresh")]  # its input did not change
     finally:
         aside.rename(chunk_file)
