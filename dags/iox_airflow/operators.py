@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from iox_planner.sparkconf import session_conf, spark_env
+from iox_planner.sparkconf import FAST_START_JVM, fast_start_conf, session_conf, spark_env
 
 from iox_airflow.spark import SPARK_CONN_ID, ensure_spark_connection
 
@@ -37,7 +37,7 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
 
     template_fields = (*SparkSubmitOperator.template_fields, "fast_start")
     ui_color = "#f4a261"
-    FAST_START_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    FAST_START_JVM = FAST_START_JVM
 
     def __init__(self, *, application: str = "", application_args: list[str] | None = None,
                  conn_id: str = SPARK_CONN_ID, name: str = "iox-batch", fast_start: bool = False,
@@ -53,8 +53,7 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
         ensure_spark_connection(self._conn_id)
         conf = {**session_conf(), **(self.conf or {})}
         if self.fast_start is True:
-            key = "spark.driver.extraJavaOptions"
-            conf[key] = f"{conf.get(key, '')} {self.FAST_START_JVM}".strip()
+            conf = fast_start_conf(conf)
         self.conf = conf
         self.env_vars = {**spark_env(), **(self.env_vars or {})}
         for target in _option_values(args, ("--output", "--metrics")):

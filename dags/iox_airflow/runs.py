@@ -10,6 +10,7 @@ the commit step removes it whatever the outcome.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -58,6 +59,10 @@ class Staging:
     @property
     def plan_file(self) -> Path:
         return self.root / "plan.json"
+
+    @property
+    def reads(self) -> Path:
+        return self.root / "reads.json"
 
     @property
     def metrics(self) -> Path:
@@ -152,13 +157,17 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> 
             # anywhere else the folder must exist, as for `iox-batch query --output`.
             request.output.parent.mkdir(parents=True, exist_ok=True)
         check_destination(request.output, folder=request.format.is_folder)
-        query_plan = plan_query(request.sql, CatalogSource(catalog, request.db), params=dict(request.args),
+        source = CatalogSource(catalog, request.db)
+        query_plan = plan_query(request.sql, source, params=dict(request.args),
                                 time_start=request.time_start, time_end=request.time_end,
                                 settings=PlannerSettings.from_env())
         runs.acquire_lock(catalog, key, run.holder, query_run=run_pk, ttl_seconds=settings.run_lock_ttl_s)
         _remove_dead_stagings(request.output, staging)
         staging.reset()
         staging.plan_file.write_text(serde.plan_to_json(query_plan))
+        # What this run read (per table, the order counter of the plan's snapshot): the commit records it with the
+        # interval, so `materialized status` can tell later whether data arrived that this run did not see.
+        staging.reads.write_text(json.dumps([dataclasses.asdict(r) for r in source.reads()]))
         runs.record_plan(catalog, run_pk, serde.plan_to_dict(query_plan))
         jobs, merge = _spark_jobs(query_plan, request, staging, settings)
         summary = plan_summary(query_plan)
@@ -279,6 +288,8 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
                 rows, registered = _publish_from_arrow(catalog, conn, request, staging.result(fmt))
             else:
                 _publish(staging.result(fmt), request.output, request.format)
+            if request.definition is not None and request.time_start is not None and request.time_end is not None:
+                _record_reads(conn, request, staging, run_pk)
             runs.finish_run(catalog, run_pk, runs.RunStatus.SUCCESS, row_count=rows, conn=conn)
             runs.release_lock(catalog, key, run.holder, conn=conn)
             kill_point("commit.before_commit")
@@ -289,6 +300,17 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
         _fail_run(err, "publishing", catalog, run_pk, key, run, staging)
     finally:
         catalog.dispose()
+
+
+def _record_reads(conn: Any, request: QueryRequest, staging: Staging, run_pk: int) -> None:
+    """In the publishing transaction: what this run read replaces what the interval's previous run read."""
+    from iox_planner.catalog.freshness import TableRead, record_reads
+
+    assert request.definition is not None and request.time_start is not None and request.time_end is not None
+    if not staging.reads.exists():
+        raise BadInputError(f"the plan step left no record of what it read in {staging.root}; rerun the interval")
+    reads = [TableRead(**r) for r in json.loads(staging.reads.read_text())]
+    record_reads(conn, request.definition, (request.time_start, request.time_end), reads, run_pk)
 
 
 def fail(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any] | None, reason: str) -> str:

@@ -12,6 +12,8 @@
 | `IOX_PERSIST_DATABASES` | (all) | comma-separated databases it looks at |
 | `IOX_COMPACT_SCHEDULE` | `@hourly` | when `iox_compact` looks for compaction work |
 | `IOX_COMPACT_DATABASES` | (all) | comma-separated databases it compacts |
+| `IOX_REFRESH_SCHEDULE` | `*/15 * * * *` | when `iox_refresh` looks for stale materialized intervals |
+| `IOX_REFRESH_CONCURRENCY` | 2 | how many stale intervals `iox_refresh` recomputes at once |
 | `IOX_OUTPUT_ROOT` | `<project>/output` | where relative output paths (params, definitions) resolve |
 | `IOX_OUTPUT_ROOTS` | `IOX_OUTPUT_ROOT` | every folder runs may write under (`os.pathsep`-separated; the first is where relative paths go) |
 | `IOX_MATERIALIZED_DIR` | `dags/materialized` | the folder of materialized query definitions (`*.yaml`) |
@@ -40,6 +42,8 @@ class AirflowSettings:
     persist_databases: tuple[str, ...] = ()
     compact_schedule: str = "@hourly"
     compact_databases: tuple[str, ...] = ()
+    refresh_schedule: str = "*/15 * * * *"
+    refresh_concurrency: int = 2
     output_root: Path = Path("output")
     materialized_dir: Path = Path("dags/materialized")
     output_roots: tuple[Path, ...] = ()
@@ -53,15 +57,15 @@ class AirflowSettings:
                                     "their own, which runs may fill")
         object.__setattr__(self, "output_roots", roots)
         minimum = {"max_spark_jobs": 1, "spark_retries": 0, "spark_retry_delay_s": 0, "spark_fast_start_rows": 0,
-                   "run_lock_ttl_s": 1, "persist_chunk_threshold": 1}
+                   "run_lock_ttl_s": 1, "persist_chunk_threshold": 1, "refresh_concurrency": 1}
         for name, low in minimum.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise BadInputError(f"IOX_{name.upper()} must be a whole number of at least {low}, got {value!r}")
-        if not self.persist_schedule.strip():
-            raise BadInputError("IOX_PERSIST_SCHEDULE must be a cron expression such as '*/30 * * * *'")
-        if not self.compact_schedule.strip():
-            raise BadInputError("IOX_COMPACT_SCHEDULE must be a cron expression or preset such as '@hourly'")
+        for name, example in (("persist_schedule", "*/30 * * * *"), ("compact_schedule", "@hourly"),
+                              ("refresh_schedule", "*/15 * * * *")):
+            if not getattr(self, name).strip():
+                raise BadInputError(f"IOX_{name.upper()} must be a cron expression or preset such as {example!r}")
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> AirflowSettings:
@@ -83,7 +87,7 @@ class AirflowSettings:
             if f.name in values or var not in env or f.name == "output_roots":
                 continue
             text = env[var].strip()
-            if f.name in ("persist_schedule", "compact_schedule"):
+            if f.name in ("persist_schedule", "compact_schedule", "refresh_schedule"):
                 values[f.name] = text
                 continue
             if f.name in ("persist_databases", "compact_databases"):

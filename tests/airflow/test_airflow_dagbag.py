@@ -52,7 +52,7 @@ def test_every_dag_loads_without_import_errors_and_without_a_database(airflow_en
     assert bag["import_errors"] == {}
     dags = bag["dags"]
     examples = sorted(f"materialize_{p.stem}" for p in (DAGS / "materialized").glob("*.yaml"))
-    assert sorted(dags) == sorted(["iox_query", "iox_persist", "iox_compact", *examples])
+    assert sorted(dags) == sorted(["iox_query", "iox_persist", "iox_compact", "iox_refresh", *examples])
     assert seconds < 60
 
     query = dags["iox_query"]
@@ -75,6 +75,10 @@ def test_every_dag_loads_without_import_errors_and_without_a_database(airflow_en
     compact = dags["iox_compact"]
     assert list(compact["tasks"]) == ["find_work", "compact_batch", "report"]
     assert compact["tasks"]["compact_batch"]["mapped"] and compact["tasks"]["report"]["trigger_rule"] == "all_done"
+    # One level (cpu_hourly reads no registered table): find, then the stale intervals as mapped tasks.
+    refresh = dags["iox_refresh"]
+    assert refresh["timetable"] == "CronTriggerTimetable" and refresh["catchup"] is False
+    assert sorted(refresh["tasks"]) == ["find_0", "refresh_0"] and refresh["tasks"]["refresh_0"]["mapped"]
 
 
 def test_a_broken_definition_is_an_import_error_naming_its_file(airflow_env: dict[str, str], tmp_path: Path) -> None:
@@ -84,4 +88,4 @@ def test_a_broken_definition_is_an_import_error_naming_its_file(airflow_env: dic
     [(path, error)] = bag["import_errors"].items()
     assert path.endswith("iox_materialized.py")
     assert "broken.yaml: `schedule`: 'every hour' is not a cron expression" in error
-    assert "iox_query" in bag["dags"]
+    assert "iox_query" in bag["dags"] and "iox_refresh" in bag["dags"]

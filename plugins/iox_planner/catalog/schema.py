@@ -124,4 +124,44 @@ output_publications = sa.Table(
     sa.Column("run", sa.Text, nullable=False),
     sa.Column("published_at", sa.DateTime(timezone=True)),
 )
+# Freshness of materialized intervals (catalog_sql/*_materialized_reads.sql; see catalog/freshness.py).
+write_events = sa.Table(
+    "iox_write_event", metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("database_id", sa.BigInteger, nullable=False),
+    sa.Column("table_name", sa.Text, nullable=False),
+    sa.Column("partition_key", sa.Text, nullable=False),
+    sa.Column("write_order", sa.BigInteger, nullable=False),
+    sa.Column("min_time", sa.BigInteger, nullable=False),
+    sa.Column("max_time", sa.BigInteger, nullable=False),
+    sa.Column("chunks", sa.Integer, nullable=False),
+    sa.Column("row_count", sa.BigInteger, nullable=False),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("written_at", sa.DateTime(timezone=True)),
+)
+write_hours = sa.Table(
+    "iox_write_hour", metadata,
+    sa.Column("database_id", sa.BigInteger, primary_key=True),
+    sa.Column("table_name", sa.Text, primary_key=True),
+    sa.Column("hour_start", sa.BigInteger, primary_key=True),
+    sa.Column("max_order", sa.BigInteger, nullable=False),
+)
+database_drops = sa.Table(
+    "iox_database_drop", metadata,
+    sa.Column("database_id", sa.BigInteger, primary_key=True),
+    sa.Column("database_name", sa.Text, nullable=False),
+    sa.Column("dropped_at", sa.DateTime(timezone=True)),
+)
+materialized_reads = sa.Table(
+    "iox_materialized_read", metadata,
+    sa.Column("definition", sa.Text, primary_key=True),
+    sa.Column("interval_start", sa.BigInteger, primary_key=True),
+    sa.Column("interval_end", sa.BigInteger, primary_key=True),
+    sa.Column("database_id", sa.BigInteger, primary_key=True),
+    sa.Column("database_name", sa.Text, nullable=False),
+    sa.Column("table_name", sa.Text, primary_key=True),
+    sa.Column("watermark", sa.BigInteger, nullable=False),
+    sa.Column("query_run_id", sa.BigInteger),
+    sa.Column("recorded_at", sa.DateTime(timezone=True)),
+)
 CHUNK_TABLES = {ChunkKind.PARQUET: parquet_files, ChunkKind.INGESTER: ingester_chunks}

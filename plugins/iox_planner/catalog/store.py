@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection, Engine
 
+from iox_planner.catalog.freshness import TableRead, committed_order, record_drop
 from iox_planner.catalog.localpg import catalog_url
 from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.migrations import MIGRATION_LOCK, Migration, migration_files
@@ -407,6 +408,7 @@ def drop_database(catalog: Catalog, name: str, warehouse_root: Path) -> int:
         conn.execute(columns.delete().where(columns.c.table_id.in_(table_ids)))
         conn.execute(tables.delete().where(tables.c.database_id == db_id))
         conn.execute(databases.delete().where(databases.c.id == db_id))
+        record_drop(conn, db_id, name)  # what read it is stale now (catalog/freshness.py)
     shutil.rmtree(warehouse_root / str(db_id), ignore_errors=True)
     return db_id
 
@@ -442,13 +444,25 @@ class CatalogSource:
                 name: TableSchema(name, catalog.table_columns(conn, tid))
                 for name, tid in catalog.table_ids(conn, self.db_id).items()
             }
+        self.watermarks: dict[str, int] = {}
 
     def tables(self) -> Mapping[str, TableSchema]:
         return self._tables
 
+    def reads(self) -> list[TableRead]:
+        """What the planner read so far: per table, the committed order counter of its snapshot."""
+        return [TableRead(self.db_id, self.db, t, w) for t, w in sorted(self.watermarks.items())]
+
     def chunks(self, table: str, time_min: int | None, time_max: int | None) -> Sequence[Chunk]:
-        with self.catalog.engine.connect() as conn:
-            rows = self.catalog.chunk_rows(conn, self.db_id, table=table, time_min=time_min, time_max=time_max)
+        # One snapshot (REPEATABLE READ) for the chunk list and the database's committed order counter: every write
+        # the list lacks has an order above that counter (catalog/freshness.py), which `watermarks` keeps per table
+        # for a materialized run to record.
+        with self.catalog.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
+            with conn.begin():
+                mark = committed_order(conn, self.db_id)
+                rows = self.catalog.chunk_rows(conn, self.db_id, table=table, time_min=time_min,
+                                               time_max=time_max)
+        self.watermarks[table] = min(mark, self.watermarks.get(table, mark))
         schema = self._tables[table].columns
         return [chunk_from_row(r, schema) for r in rows]
 

@@ -184,6 +184,18 @@ def cmd_query(args: argparse.Namespace) -> int:
     return query(args, out)
 
 
+def cmd_materialized_status(args: argparse.Namespace) -> int:
+    from iox_planner.cli.materialized import status
+
+    return status(args, out)
+
+
+def cmd_materialized_refresh(args: argparse.Namespace) -> int:
+    from iox_planner.cli.materialized import refresh
+
+    return refresh(args, out)
+
+
 # --- argument parsing ----------------------------------------------------------------------------------------
 
 
@@ -321,6 +333,21 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write here (a file for csv/jsonl, a folder for parquet) instead of standard output")
     _add_query_options(query)
     query.set_defaults(func=cmd_query)
+
+    materialized = sub.add_parser("materialized", help="materialized queries: what is stale, and refreshing it")
+    mat_sub = materialized.add_subparsers(dest="materialized_command", required=True, metavar="ACTION")
+    mstatus = mat_sub.add_parser("status", help="fresh or stale (and why), failed and never-run intervals")
+    mstatus.add_argument("name", nargs="?", metavar="NAME", help="one definition (default: all)")
+    mstatus.add_argument("--stale-only", action="store_true", help="show only stale intervals")
+    mstatus.add_argument("--format", choices=["table", "json"], default="table")
+    mstatus.set_defaults(func=cmd_materialized_status)
+    mrefresh = mat_sub.add_parser("refresh", help="recompute exactly the stale intervals of NAME (then of what "
+                                  "reads its registered table)")
+    mrefresh.add_argument("name", metavar="NAME")
+    mrefresh.add_argument("--from", dest="from_", metavar="T", help="only intervals ending after T (RFC 3339)")
+    mrefresh.add_argument("--to", metavar="T", help="only intervals starting before T (RFC 3339)")
+    mrefresh.add_argument("--dry-run", action="store_true", help="list what would be refreshed; change nothing")
+    mrefresh.set_defaults(func=cmd_materialized_refresh)
     return parser
 
 

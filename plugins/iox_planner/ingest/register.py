@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlalchemy.engine import Connection
 
+from iox_planner.catalog.freshness import WriteEvent, fresh_order, record_writes
 from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError
@@ -214,6 +215,7 @@ def _register(
         retired += 1
 
     files: list[RegisteredFile] = []
+    file_orders: list[int] = []
     for key in new_days:
         lo, hi = partition_bounds(key)
         times = data[TIME]
@@ -230,16 +232,33 @@ def _register(
         rel = chunk_path(db_id, table_id, pid)
         staged.paths.append(root / rel)
         size = storage.write_parquet_atomic(rows, root / rel, metadata={"iox.kind": ChunkKind.PARQUET.value})
+        file_orders.append(catalog.next_orders(conn, db_id, 1)[0])
         mm = pc.min_max(rows[TIME]).as_py()
         file_id = catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(
             object_id=Path(rel).stem, label=None, table_id=table_id, partition_id=pid, store=LOCAL_STORE,
             path=rel, min_time=mm["min"], max_time=mm["max"], row_count=rows.num_rows, file_size=size,
             column_names=storage.column_layout(columns),
             tag_ranges={k: list(v) for k, v in storage.tag_ranges(rows, columns).items()},
-            chunk_order=catalog.next_orders(conn, db_id, 1)[0], sort_key=file_key,
+            chunk_order=file_orders[-1], sort_key=file_key,
         ))
         files.append(RegisteredFile(key, file_id, rows.num_rows))
+    # The interval's rows of this table changed (new ones, and any earlier ones retired): log one write event per
+    # day of the interval, so rollups reading this table see their intervals go stale (catalog/freshness.py).
+    events = []
+    for key in _days(start, end):
+        lo, hi = partition_bounds(key)
+        here = [f for f in files if f.partition == key]
+        events.append(WriteEvent(table, key, max(lo, start), min(hi, end - 1), sum(f.rows for f in here), len(here)))
+    # The new files' orders came from the counter in this transaction; a result with no rows takes a fresh one.
+    order = max(file_orders) if file_orders else fresh_order(conn, db_id)
+    record_writes(conn, db_id, events, order=order, source="register")
     return RegisterResult(db, table, tuple(files), retired, trimmed)
+
+
+def _days(start: int, end: int) -> list[str]:
+    """The day partitions the half-open `[start, end)` touches."""
+    first, last = start // NS_PER_DAY, (end - 1) // NS_PER_DAY
+    return [partition_of(day * NS_PER_DAY) for day in range(first, last + 1)]
 
 
 def _trim(

@@ -386,6 +386,7 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
     `db` (from --db) wins over the file's `db:`. Loading into an existing database adds to it; default orders
     count on from the highest order it holds, and the catalog's order sequence moves past what was loaded.
     """
+    from iox_planner.catalog.freshness import WriteEvent, committed_order, fresh_order, record_writes
     from iox_planner.ingest import write as ingest
     from iox_planner.catalog.names import check_db_name
     from iox_planner.config import warehouse as default_warehouse
@@ -403,10 +404,12 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
     root = warehouse or default_warehouse()
     staged = ingest.Staged(root)
     loaded: list[LoadedChunk] = []
+    events: list[WriteEvent] = []
     try:
         with catalog.engine.begin() as conn:
             db_id = catalog.ensure_database(conn, name)
             catalog.lock_orders(conn, db_id)
+            counter = committed_order(conn, db_id)
             taken = catalog.labels(conn, db_id)
             existing: dict[tuple[str, str], set[int]] = defaultdict(set)
             for row in catalog.chunk_rows(conn, db_id):
@@ -431,14 +434,21 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
                         result = ingest.write_points(
                             catalog, name, points, orders={(table, partition): order},
                             labels={(table, partition): cid}, kind=spec.kind, sort_key=spec.sort_key,
-                            store=spec.store, conn=conn, staged=staged, warehouse=root,
+                            store=spec.store, conn=conn, staged=staged, warehouse=root, log_writes=False,
                         )
                     except BadInputError as err:
                         raise BadInputError(f"{scenario.source}: chunk {cid}: {err}") from err
                     loaded.extend(LoadedChunk(c.id, spec.kind, c.table, c.partition, c.rows, c.order)
                                   for c in result.chunks)
+                    events.extend(c.event() for c in result.chunks)
             # Only this database's counter moves (orders are per database): a scenario cannot touch others.
             catalog.advance_orders(conn, db_id, max(orders))
+            # The load is new data. Its write events need an order above every watermark a materialized run took
+            # before this load committed (at most `counter`, read under the order lock): the load's highest order
+            # if it is above that, else (explicit orders below it) one fresh order from the counter.
+            top = max(orders)
+            record_writes(conn, db_id, events, order=top if top > counter else fresh_order(conn, db_id),
+                          source="load")
     except BaseException:
         staged.rollback()
         raise

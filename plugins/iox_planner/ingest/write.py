@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from sqlalchemy.engine import Connection
 
 from iox_planner.ingest import files as storage
+from iox_planner.catalog.freshness import WriteEvent, record_writes
 from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.store import Catalog
 from iox_planner.config import warehouse as default_warehouse
@@ -36,6 +37,11 @@ class WrittenChunk:
     partition: str
     rows: int
     order: int
+    min_time: int = 0
+    max_time: int = 0
+
+    def event(self) -> WriteEvent:
+        return WriteEvent(self.table, self.partition, self.min_time, self.max_time, self.rows)
 
 
 @dataclass(frozen=True)
@@ -136,12 +142,15 @@ def write_points(
     conn: Connection | None = None,
     staged: Staged | None = None,
     warehouse: Path | None = None,
+    log_writes: bool = True,
 ) -> WriteResult:
     """Store points as one chunk per (table, partition) and register them in one transaction.
 
     Ingester chunks keep rows exactly as written, with their write position. A Parquet chunk is deduplicated and
     sorted as a persisted file would be (scenario loads). Rows whose columns conflict with the catalog are
     rejected with their line: all of them fail the write, unless `accept_partial` drops just those lines.
+    Each chunk is logged as new data (catalog/freshness.py) unless `log_writes` is false: a scenario load, whose
+    explicit orders may lie below the counter, logs its chunks itself with a fresh order.
     """
     root = warehouse or default_warehouse()
     if conn is None:
@@ -149,7 +158,7 @@ def write_points(
         with own_staged.transaction(catalog) as own:
             result = write_points(catalog, db, points, orders=orders, labels=labels, kind=kind,
                                   sort_key=sort_key, store=store, accept_partial=accept_partial, conn=own,
-                                  staged=own_staged, warehouse=root)
+                                  staged=own_staged, warehouse=root, log_writes=log_writes)
             kill_point("write.before_commit")
         return result
     assert staged is not None
@@ -176,6 +185,10 @@ def write_points(
             label=(labels or {}).get((table_name, partition_key)), sort_key=sort_key, store=store,
             lines={p.line for p in group},
         ))
+    if log_writes:
+        # Each chunk's own order came from the counter in this transaction (no explicit orders on this path).
+        assert orders is None, "explicit orders: the caller logs the write with a fresh order"
+        record_writes(conn, db_id, [c.event() for c in written], orders=[c.order for c in written], source="write")
     return WriteResult(tuple(written), tuple(conflicts))
 
 
@@ -233,7 +246,7 @@ def store_chunk(
         values["sort_key"] = list(file_sort_key)
     chunk_id = catalog.insert_chunk(conn, kind, values)
     display = label or f"{'P' if kind is ChunkKind.PARQUET else 'I'}{chunk_id}"
-    return WrittenChunk(display, table_name, partition_key, data.num_rows, order)
+    return WrittenChunk(display, table_name, partition_key, data.num_rows, order, mm["min"], mm["max"])
 
 
 def write_table(
@@ -259,6 +272,8 @@ def write_table(
             part = data.filter(pa.array(days == day))
             written.append(store_chunk(catalog, conn, staged, db_id, table_name,
                                        partition_of(int(day) * NS_PER_DAY), part, columns, kind=kind))
+        record_writes(conn, db_id, [c.event() for c in written], orders=[c.order for c in written],
+                      source="write")
     return written
 
 
@@ -475,6 +490,8 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
         raise BadInputError(f"nothing to write to {db!r}: the input holds no valid point")
     for key in sorted(k for k, p in pending.items() if p.rows):
         flush(key)
+    # New data: logged in this transaction, so materialized intervals it lands in become stale (freshness.py).
+    record_writes(conn, db_id, [c.event() for c in written], orders=[c.order for c in written], source="write")
     return WriteResult(tuple(written), tuple(sorted([*errors, *conflicts], key=lambda e: e.line)))
 
 

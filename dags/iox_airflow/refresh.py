@@ -1,0 +1,295 @@
+"""Stale materialized intervals, and recomputing exactly those: what `iox-batch materialized status|refresh` and
+the `iox_refresh` DAG share. No Airflow import: plain functions of definitions and the catalog.
+
+- `status`: per definition, every interval it has materialized (fresh, or stale and why: catalog/freshness.py),
+  the intervals whose latest run failed, and the scheduled intervals never run (as ranges).
+- `refresh_levels`: definitions in refresh order. A definition that reads another's `register_as` table comes
+  after it (its intervals go stale when that table's intervals are re-registered), so a chain refreshes parents
+  first; definitions in one level are independent.
+- `refresh_interval`: one interval through the same plan and commit steps as a materialize run (runs.py): run
+  lock, atomic publication, `register_as` replacing the interval, and what it read recorded in the publishing
+  transaction. A failure publishes nothing, so the old output and its stale mark stay.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from iox_planner.errors import BadInputError, IoxError
+from iox_planner.timeutil import format_time
+
+from iox_airflow.definitions import MaterializedQuery, to_ns
+from iox_airflow.runs import RunFailed, RunIdentity
+from iox_airflow.settings import AirflowSettings
+
+MAX_SCHEDULED = 1_000_000  # intervals one status walks through, at most (a minutely schedule over two years)
+EXECUTORS = ("in-process", "spark-submit")
+
+
+@dataclass(frozen=True)
+class IntervalState:
+    start: int
+    end: int
+    state: str
+    """stale (data arrived after the published output was computed; `error` if a rerun since failed) | fresh |
+    failed (the newest run failed; `materialized`: an older output is still published) | running"""
+    reasons: tuple[str, ...] = ()
+    late: tuple[dict[str, Any], ...] = ()
+    error: str | None = None
+    materialized: bool = True
+
+    def as_json(self) -> dict[str, Any]:
+        return {"start": format_time(self.start), "end": format_time(self.end), "state": self.state,
+                "materialized": self.materialized, "reasons": list(self.reasons), "late": list(self.late),
+                "error": self.error}
+
+
+@dataclass(frozen=True)
+class DefinitionStatus:
+    name: str
+    db: str
+    intervals: tuple[IntervalState, ...]
+    never_run: tuple[tuple[int, int, int], ...] = ()
+    """Scheduled intervals without a run: (first start, last end, how many), consecutive ones merged."""
+
+    @property
+    def stale(self) -> list[IntervalState]:
+        return [i for i in self.intervals if i.state == "stale"]
+
+    def as_json(self, stale_only: bool = False) -> dict[str, Any]:
+        shown = self.stale if stale_only else list(self.intervals)
+        out: dict[str, Any] = {"name": self.name, "db": self.db, "intervals": [i.as_json() for i in shown],
+                               "stale": len(self.stale)}
+        if not stale_only:
+            out["never_run"] = [{"start": format_time(a), "end": format_time(b), "intervals": n}
+                                for a, b, n in self.never_run]
+        return out
+
+
+def _catalog() -> Any:
+    from iox_planner.catalog.store import Catalog
+
+    catalog = Catalog()
+    catalog.require_schema()
+    return catalog
+
+
+def scheduled_intervals(definition: MaterializedQuery, now: dt.datetime) -> Iterable[tuple[int, int]]:
+    """The definition's data intervals from its start date up to `now` (and its end date), as Airflow's cron data
+    interval timetable makes them: [tick, next tick)."""
+    from croniter import croniter
+
+    stop = min(now, definition.end_date) if definition.end_date else now
+    ticks = croniter(definition.cron, definition.start_date - dt.timedelta(microseconds=1))
+    start = ticks.get_next(dt.datetime)
+    for _ in range(MAX_SCHEDULED):
+        end = ticks.get_next(dt.datetime)
+        if end > stop:
+            return
+        yield to_ns(start), to_ns(end)
+        start = end
+
+
+def status(catalog: Any, definition: MaterializedQuery, *, now: dt.datetime | None = None,
+           start: int | None = None, end: int | None = None, never_run: bool = True) -> DefinitionStatus:
+    """Every interval of one definition: fresh or stale (and why), failed, running; the scheduled ones never run."""
+    from iox_planner.catalog import freshness
+
+    now = now or dt.datetime.now(dt.timezone.utc)
+    with catalog.engine.connect() as conn:
+        done = freshness.materialized_intervals(conn, definition.name, start, end)
+        stale = freshness.stale_reads(conn, definition.name, start, end)
+        last = freshness.last_runs(conn, definition.name, start, end)
+    states: list[IntervalState] = []
+    for key in sorted(set(done) | set(last)):
+        run = last.get(key)
+        late = stale.get(key, [])
+        reasons = tuple(d.describe() for d in late)
+        detail = tuple({"db": d.db, "table": d.table, "chunks": d.chunks, "rows": d.rows,
+                        "partitions": list(d.partitions), "dropped": d.dropped} for d in late)
+        # A newest run that did not publish leaves the output (if any) of an older run, judged by what that one
+        # read: stale stays stale (with the failure shown), a fresh or missing output shows the failure.
+        error = run.error if run is not None and run.status == "failed" else None
+        if key in done and late:
+            states.append(IntervalState(key[0], key[1], "stale", reasons, detail, error))
+        elif run is not None and run.status in ("failed", "running"):
+            states.append(IntervalState(key[0], key[1], run.status, (), (), error, key in done))
+        elif key in done:
+            states.append(IntervalState(key[0], key[1], "fresh"))
+    never: list[tuple[int, int, int]] = []
+    seen = set(done) | set(last)
+    for lo, hi in (scheduled_intervals(definition, now) if never_run else ()):
+        if (start is not None and hi <= start) or (end is not None and lo >= end) or (lo, hi) in seen:
+            continue
+        if never and never[-1][1] == lo:
+            never[-1] = (never[-1][0], hi, never[-1][2] + 1)
+        else:
+            never.append((lo, hi, 1))
+    return DefinitionStatus(definition.name, definition.db, tuple(states), tuple(never))
+
+
+def needs_refresh(state: IntervalState) -> bool:
+    """Stale intervals (a failed refresh leaves its interval stale, so it is tried again)."""
+    return state.state == "stale"
+
+
+# --- order ---------------------------------------------------------------------------------------------------------
+
+
+def depends_on(child: MaterializedQuery, parent: MaterializedQuery) -> bool:
+    """Whether `child` reads `parent`'s registered table. Read from the SQL text without parsing it (the DAG file
+    calls this at parse time): any word equal to the table name counts, so a column of that name adds an edge too.
+    Such an extra edge only orders two refreshes that need no order; what is stale is decided by what runs read."""
+    target = parent.register_as
+    if target is None or child.name == parent.name or (target.db or parent.db) != child.db:
+        return False
+    return re.search(rf"(?<![\w$]){re.escape(target.table)}(?![\w$])", child.sql) is not None
+
+
+def refresh_levels(definitions: Sequence[MaterializedQuery]) -> list[list[MaterializedQuery]]:
+    """Definitions in refresh order: level k reads only tables registered by levels below k. Definitions caught in
+    a cycle of registered tables (a misconfiguration) go last, together."""
+    remaining = {d.name: d for d in definitions}
+    parents = {d.name: {p.name for p in definitions if depends_on(d, p)} for d in definitions}
+    levels: list[list[MaterializedQuery]] = []
+    done: set[str] = set()
+    while remaining:
+        ready = sorted((n for n in remaining if parents[n] <= done))
+        if not ready:
+            levels.append([remaining[n] for n in sorted(remaining)])
+            break
+        levels.append([remaining[n] for n in ready])
+        done.update(ready)
+        for n in ready:
+            del remaining[n]
+    return levels
+
+
+def pick(definitions: Sequence[MaterializedQuery], name: str) -> MaterializedQuery:
+    found = [d for d in definitions if d.name == name]
+    if not found:
+        known = ", ".join(sorted(d.name for d in definitions)) or "none"
+        raise BadInputError(f"no materialized query named {name!r} (definitions: {known})")
+    return found[0]
+
+
+def with_dependants(definitions: Sequence[MaterializedQuery], name: str) -> list[MaterializedQuery]:
+    """`name` and every definition reading its registered table, directly or down a chain."""
+    chosen = {pick(definitions, name).name}
+    grew = True
+    while grew:
+        grew = False
+        for d in definitions:
+            if d.name not in chosen and any(depends_on(d, p) for p in definitions if p.name in chosen):
+                chosen.add(d.name)
+                grew = True
+    return [d for d in definitions if d.name in chosen]
+
+
+# --- recomputing one interval -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class RefreshResult:
+    definition: str
+    start: int
+    end: int
+    ok: bool
+    rows: int = 0
+    spark_jobs: int = 0
+    error: str | None = None
+    registered: dict[str, Any] | None = field(default=None)
+
+
+def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: RunIdentity,
+                     settings: AirflowSettings, *, executor: str = "spark-submit") -> RefreshResult:
+    """Recompute [start, end) of `definition` and publish it like a materialize run would. Returns what happened;
+    a failure has been recorded (run failed, nothing published) and is in the result."""
+    from iox_airflow import runs
+
+    if executor not in EXECUTORS:
+        raise BadInputError(f"unknown executor {executor!r}; use one of {', '.join(EXECUTORS)}")
+    request = definition.request(_dt(start), _dt(end), settings)
+    try:
+        outcome = runs.plan(request, run, settings)
+    except RunFailed as err:
+        return RefreshResult(definition.name, start, end, False, error=str(err))
+    jobs = 0
+    try:
+        if executor == "in-process":
+            jobs = _run_in_process(Path(outcome.staging), runs.spark_format(request))
+        else:
+            for job in outcome.jobs:
+                _spark_submit(Path(job["application"]).name, job["application_args"], bool(job.get("fast_start")))
+                jobs += 1
+            if outcome.merge:
+                _spark_submit(runs.PARTS_JOB.name, outcome.merge, outcome.merge_fast_start)
+                jobs += 1
+    except BaseException as err:
+        # Whatever stopped the job: the run is recorded failed, its lock released, its staging removed.
+        reason = str(err) if isinstance(err, IoxError) else f"internal error while running Spark: {err!r}"
+        message = runs.fail(request, run, outcome.handle(), reason)
+        if not isinstance(err, IoxError):
+            raise
+        return RefreshResult(definition.name, start, end, False, spark_jobs=jobs + 1, error=message)
+    try:
+        done = runs.commit(request, run, outcome.handle())
+    except RunFailed as err:
+        return RefreshResult(definition.name, start, end, False, spark_jobs=jobs, error=str(err))
+    return RefreshResult(definition.name, start, end, True, done.rows, jobs, registered=done.registered)
+
+
+def _dt(ns: int) -> dt.datetime:
+    seconds, rest = divmod(ns, 10**9)
+    if rest:
+        raise BadInputError(f"interval bound {ns} is not a whole second")
+    return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
+
+
+def _spark_submit(job: str, args: Sequence[str], fast_start: bool) -> None:
+    from iox_planner.sparkconf import spark_env, spark_submit_command
+
+    done = subprocess.run(spark_submit_command(job, list(args), fast_start=fast_start), capture_output=True,
+                          text=True, env={**os.environ, **spark_env()})
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+        if errors:
+            raise IoxError(errors[-1][len("error: "):])
+        tail = " ".join(done.stderr.strip().splitlines()[-5:])
+        raise IoxError(f"spark-submit {job} failed (exit {done.returncode}): {tail}")
+
+
+def _run_in_process(staging: Path, fmt: str) -> int:
+    """The whole plan in this process's SparkSession (the CLI's default runner), into the staging folder the
+    commit step reads: the result and then `metrics.json`, exactly as run_plan.py leaves them."""
+    import json
+
+    from iox_planner.cli.runner import session
+    from iox_planner.config import warehouse
+    from iox_planner.planner.serde import plan_from_json
+    from spark_jobs.errors import spark_errors
+    from spark_jobs.execute import execute
+    from spark_jobs.load import write_result
+
+    from iox_airflow.runs import Staging
+
+    where = Staging(staging)
+    plan = plan_from_json(where.plan_file.read_text())
+    with spark_errors(plan):
+        execution = execute(session(), plan, warehouse())
+        rows = write_result(execution.result, fmt, where.result(fmt), None)
+    where.metrics.write_text(json.dumps({"rows": rows}))
+    return 1
+
+
+def describe(result: RefreshResult) -> str:
+    when = f"[{format_time(result.start)}, {format_time(result.end)})"
+    if result.ok:
+        return f"{result.definition} {when}: refreshed, {result.rows} rows ({result.spark_jobs} Spark job(s))"
+    return f"{result.definition} {when}: FAILED, old output kept and still stale: {result.error}"
