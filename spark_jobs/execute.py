@@ -109,8 +109,13 @@ def _dedup_chain(node: PlanNode) -> tuple[list[PlanNode], DeduplicateExec] | Non
     return None
 
 
-def _signature(chain: Sequence[PlanNode]) -> tuple[object, ...]:
-    return tuple((n.columns if isinstance(n, ProjectionExec) else n.predicate) for n in chain)  # type: ignore[attr-defined]
+def _signature(chain: Sequence[PlanNode], dedup: DeduplicateExec) -> tuple[object, ...]:
+    """Dedups evaluated as one step must agree on the chain above them AND on their own columns: two groups
+    under the same projection may read different columns (one partition's chunks lack a tag the other's have),
+    and merging them with the first one's columns would drop the other's tag from its key (rows lost)."""
+    above = tuple((n.columns if isinstance(n, ProjectionExec)
+                   else n.predicate) for n in chain)  # type: ignore[attr-defined]
+    return (above, tuple(dedup.schema))
 
 
 class ScanBuilder:
@@ -183,7 +188,7 @@ class ScanBuilder:
             if found is None:
                 plain.append(self.build(child))
             else:
-                shapes.setdefault(_signature(found[0]), []).append(found)
+                shapes.setdefault(_signature(*found), []).append(found)
         parts = []
         for members in shapes.values():
             df = self._dedups([dedup for _, dedup in members], _chain_needs(members[0][0]))
