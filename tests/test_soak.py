@@ -1,5 +1,6 @@
-"""Soak / race test (issue 11): writers (real `iox-batch write` processes and in-process threads), a persist loop
-and queries, all at once on ONE partition of one table, for IOX_SOAK_SECONDS (CI default 30; `make soak` runs 60).
+"""Soak / race test (issue 11): writers (real `iox-batch write` processes and in-process threads), a persist loop,
+a compaction loop and queries, all at once on ONE partition of one table, for IOX_SOAK_SECONDS (CI default 30;
+`make soak` runs 60).
 
 Every writer overwrites the same keys, leaving fields out at random (NULLs that must not override). The test's
 own tally records every committed write with the catalog order the write reported; the expected answer is, per
@@ -59,6 +60,8 @@ class Soak:
     failures: list[str] = field(default_factory=list)
     retried: int = 0
     persists: int = 0
+    compactions: int = 0
+    compaction_skips: int = 0
     refusals: list[str] = field(default_factory=list)
     queries: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -151,10 +154,30 @@ def _persist_loop(soak: Soak) -> None:
         time.sleep(0.2)
 
 
-# --- COMPACTION JOINS THE SOAK HERE ------------------------------------------------------------------------------
-# When `iox-batch compact` exists, start a `_compact_loop(soak)` thread beside `_persist_loop` (compacting the one
-# partition over and over, as the persist loop does) and count its refusals and failures the same way: the checks
-# at the end already cover whatever compaction does to the files.
+def _compact_loop(soak: Soak) -> None:
+    """Compaction of the one partition, over and over beside the persist loop: hot (L0 into L1) whenever persist
+    left two files. A skip (another compactor, inputs changed meanwhile) is a normal outcome; an error is not."""
+    from iox_planner.cli import runner
+    from iox_planner.ingest.compact import CompactSettings, compact
+    from spark_jobs.compact_job import spark_slice_runner
+
+    run_slices = spark_slice_runner(runner.session())
+    settings = CompactSettings(cold_seconds=10**6, target_rows=1_000_000, max_rows=1_000_000)
+    while time.monotonic() < soak.deadline:
+        try:
+            report = compact(soak.catalog, soak.db, run_slices, settings=settings)
+            with soak.lock:
+                soak.compactions += len(report.compacted)
+                soak.compaction_skips += len(report.outcomes) - len(report.compacted)
+        except CatalogUnavailableError:
+            with soak.lock:
+                soak.retried += 1
+        except CatalogError as err:
+            if "does not exist" not in str(err):  # before the first write lands
+                soak.fail(f"compact: {err}")
+        except Exception as err:  # noqa: BLE001
+            soak.fail(f"compact: {type(err).__name__}: {str(err)[:500]}")
+        time.sleep(0.5)
 
 
 def _query(soak: Soak) -> list[dict[str, Any]]:
@@ -204,13 +227,13 @@ def _query_loop(soak: Soak) -> None:
             soak.queries += 1
 
 
-def test_soak_writers_persist_queries_on_one_partition(catalog: Catalog, spark: object) -> None:
+def test_soak_writers_persist_compact_queries_on_one_partition(catalog: Catalog, spark: object) -> None:
     db = f"soak_{uuid.uuid4().hex[:10]}"
     soak = Soak(catalog, db, time.monotonic() + SECONDS)
     threads = [threading.Thread(target=_process_writer, args=(soak, w)) for w in range(PROCESS_WRITERS)]
     threads += [threading.Thread(target=_thread_writer, args=(soak, PROCESS_WRITERS + w))
                 for w in range(THREAD_WRITERS)]
-    threads += [threading.Thread(target=_persist_loop, args=(soak,)), threading.Thread(target=_query_loop, args=(soak,))]
+    threads += [threading.Thread(target=loop, args=(soak,)) for loop in (_persist_loop, _query_loop, _compact_loop)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -253,5 +276,6 @@ def test_soak_writers_persist_queries_on_one_partition(catalog: Catalog, spark: 
     per_writer = {w: sum(1 for x in soak.writes if any(f"c{w}" in f for f in x.values.values()))
                   for w in range(PROCESS_WRITERS + THREAD_WRITERS)}
     print(f"soak {SECONDS:.0f} s: {len(soak.writes)} writes ({PROCESS_WRITERS} processes, {THREAD_WRITERS} threads; "
-          f"per writer {per_writer}), {soak.retried} retried, {soak.persists} persists, {soak.queries} queries, "
+          f"per writer {per_writer}), {soak.retried} retried, {soak.persists} persists, {soak.compactions} "
+          f"compactions ({soak.compaction_skips} skipped), {soak.queries} queries, "
           f"0 lost points, 0 refusals, 0 failures")
