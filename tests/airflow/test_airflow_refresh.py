@@ -21,6 +21,7 @@ import yaml
 from af_support import DagRunner, leftovers, locks
 
 from iox_planner.catalog.store import Catalog
+from iox_planner.cli.main import main
 from iox_planner.ingest import persist
 from iox_planner.ingest import write as ingest
 
@@ -84,13 +85,16 @@ def test_iox_refresh_reruns_exactly_the_stale_interval_then_the_rollup(
 
     for hour in range(3):
         ingest.write_line_protocol(catalog, db, cpu(hour, 4, 1.0))
+    persist.persist(catalog, db)  # a first file, so that the late data's persist leaves two for compaction
     for hour in range(3):
         materialize(hourly, T0 + hour * H, T0 + (hour + 1) * H)
     materialize(daily, T0, T0 + 24 * H)
     ingest.write_line_protocol(catalog, db, cpu(1, 3, 100.0))  # late, into the second hour
     assert states(hourly) == [(0, "fresh"), (1, "stale"), (2, "fresh")]
     persist.persist(catalog, db)
-    # --- compaction goes here once it lands: compact the database, then the same checks ---
+    assert states(hourly) == [(0, "fresh"), (1, "stale"), (2, "fresh")]
+    # Compaction moves data without changing it: the same interval, and only it, stays stale.
+    assert main(["compact", "--db", db]) == 0
     assert states(hourly) == [(0, "fresh"), (1, "stale"), (2, "fresh")]
     assert states(daily) == [(0, "fresh")]
     [late] = refresh.status(catalog, refresh.pick(found, hourly)).stale[0].late

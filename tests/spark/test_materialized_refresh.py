@@ -141,6 +141,7 @@ def test_refresh_recomputes_exactly_the_stale_interval_then_its_rollup(
     tally = Tally()
     for hour in range(3):
         ingest.write_line_protocol(catalog, db, tally.lines(hour, 4))
+    persist.persist(catalog, db)  # the first file; the late data's persist makes a second, compaction merges both
     for hour in range(3):
         materialize(hourly, T0 + hour * H, T0 + (hour + 1) * H)
     materialize(daily, T0, T0 + 24 * H)
@@ -156,11 +157,19 @@ def test_refresh_recomputes_exactly_the_stale_interval_then_its_rollup(
     assert states(report[hourly]) == [("00:00", "fresh"), ("01:00", "stale"), ("02:00", "fresh")]
     assert report[hourly]["intervals"][1]["late"] == [
         {"db": db, "table": "cpu", "chunks": 1, "rows": 3, "partitions": ["2024-01-01"], "dropped": False}]
-    # Persisting moves all of it into one file spanning the three hours: still only the second hour is stale, and
-    # the daily rollup (its input table has not changed yet) is fresh.
+    # Persisting moves the late rows into a second file spanning the three hours (a newer order over every hour):
+    # still only the second hour is stale, and the daily rollup (its input table has not changed yet) is fresh.
     persist.persist(catalog, db)
-    assert len([c for c in live_chunks(catalog, db) if c["table_name"] == "cpu"]) == 1
-    # --- compaction goes here once it lands: `iox-batch compact --db DB`, then the same two checks ---
+    assert len([c for c in live_chunks(catalog, db) if c["table_name"] == "cpu"]) == 2
+    report = status(capsys, "--stale-only")
+    assert [(n, states(r)) for n, r in report.items() if r["intervals"]] == [(hourly, [("01:00", "stale")])]
+    # Compaction rewrites both files into L1 (the newest order, every hour): it moves data without changing it, so
+    # the same interval, and only it, is stale.
+    capsys.readouterr()
+    assert main(["compact", "--db", db]) == 0
+    capsys.readouterr()
+    levels = [c["compaction_level"] for c in live_chunks(catalog, db) if c["table_name"] == "cpu"]
+    assert levels and set(levels) == {1}, levels
     report = status(capsys, "--stale-only")
     assert [(n, states(r)) for n, r in report.items() if r["intervals"]] == [(hourly, [("01:00", "stale")])]
 
