@@ -5,7 +5,6 @@ failed command leaves catalog and warehouse as they were."""
 from __future__ import annotations
 
 import contextlib
-import sys
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from iox_planner.errors import BadInputError
 from iox_planner.faults import kill_point
 from iox_planner.ingest.blocks import Block, text_blocks
 from iox_planner.ingest.lp_vector import Piece, parse_block
-from iox_planner.ingest.lineprotocol import LineError, Point, Precision, StreamParser, decode_utf8, describe_errors
+from iox_planner.ingest.lineprotocol import LineError, Point, Precision, StreamParser, describe_errors
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, WRITE_SEQ, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, now_ns, partition_of
 
@@ -493,23 +492,3 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
     # New data: logged in this transaction, so materialized intervals it lands in become stale (freshness.py).
     record_writes(conn, db_id, [c.event() for c in written], orders=[c.order for c in written], source="write")
     return WriteResult(tuple(written), tuple(sorted([*errors, *conflicts], key=lambda e: e.line)))
-
-
-def read_input(source: str) -> tuple[str, str]:
-    """The text of FILE or `-` (standard input), with a name for messages.
-
-    Both are read as bytes and decoded here, strictly, by one path: text mode would turn a CR inside a string
-    value into a newline and would treat invalid UTF-8 on standard input differently from a file."""
-    name = "standard input" if source == "-" else source
-    if source == "-":
-        data = sys.stdin.buffer.read()
-    else:
-        try:
-            data = Path(source).read_bytes()
-        except FileNotFoundError as err:
-            raise BadInputError(f"cannot read {source}: no such file") from err
-        except IsADirectoryError as err:
-            raise BadInputError(f"cannot read {source}: it is a folder, not a file") from err
-        except PermissionError as err:
-            raise BadInputError(f"cannot read {source}: permission denied") from err
-    return decode_utf8(data, name), name
