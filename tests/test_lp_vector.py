@@ -87,7 +87,7 @@ def hostile_line(rng: random.Random, t: int) -> str:
     if choice == 14:
         return f"cpu,hostname=h usage_user=1i {t}"  # another type for a float field
     if choice == 15:
-        return rng.choice(["", "# a comment", " ", "\t", "cpu", "cpu,hostname=h", "cpu usage_user=1,", "=1 2",
+        return rng.choice(["", "# a comment", f"#cpu,hostname=h usage_user=9 {t}", " ", "\t", "cpu", "cpu,hostname=h", "cpu usage_user=1,", "=1 2",
                            f"cpu,a=1,a=2 v=1 {t}", f"cpu v=1,v=2 {t}", f"cpu,a= v=1 {t}", f"cpu,=a v=1 {t}"])
     if choice == 16:
         return f"mém,hôte=é val=1.5,n=2i {t}"  # non-ASCII names
@@ -178,3 +178,14 @@ def test_a_string_spanning_blocks_is_carried_over() -> None:
         got_rows, got_errors, _ = streamed_rows(text, size)
         assert (got_rows, got_errors) == exact_rows(text)[0:2]
         assert [r[2] for r in got_rows[("m", "1970-01-01")]] == [1, 2, 3]
+
+
+def test_a_commented_out_line_is_a_comment_on_both_paths() -> None:
+    """A line starting with `#` is a comment even when the rest is a regular line (once stored as table `#cpu`)."""
+    text = "".join(f"cpu,hostname=h{n % 3} usage_user={n}.5 {T0 + n}\n" for n in range(200))
+    text += f"#cpu,hostname=h usage_user=9 {T0 + 500}\n#cpu v=1 {T0 + 501}\n"
+    want_rows, want_errors = exact_rows(text)
+    assert list(want_rows) == [("cpu", partition_of(T0))] and want_errors == []
+    for size in (64, 1 << 20):
+        got_rows, got_errors, _ = streamed_rows(text, size)
+        assert (got_rows, got_errors) == (want_rows, want_errors)

@@ -143,6 +143,8 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
     if len(rows) == 0:
         return None
     live = arr.take(pa.array(rows)) if len(rows) != len(arr) else arr
+    if _any(pc.starts_with(live, "#")):
+        return None  # a comment line: the exact parser skips it (this path would store it as a table `#...`)
     parts = pc.split_pattern(live, " ")
     if not _all(pc.equal(pc.list_value_length(parts), 3)):
         return None  # leading, trailing or double spaces, a missing timestamp, a missing section
