@@ -356,3 +356,31 @@ def test_inputs_retired_meanwhile_make_the_swap_skip(spark: Any, catalog: Catalo
     assert not report.compacted and "retired meanwhile" in (report.outcomes[0].skipped or "")
     assert {c["label"] for c in live_chunks(catalog, db)} == {"B"}
     assert {p for p in warehouse.rglob("*.parquet")} == files_before
+
+
+def test_a_commit_whose_connection_drops_keeps_the_outputs(spark: Any, catalog: Catalog, db: str, warehouse: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Postgres commits the swap, then the connection drops before the client hears it: the command fails with the
+    retryable error, and the outputs the committed rows name must still be there (deleting them, as any other
+    failure does, would leave live rows naming missing files and lose the retired inputs' rows after the grace)."""
+    from iox_planner.errors import CatalogUnavailableError
+
+    load(catalog, db, [{"id": "F1", "kind": "parquet", "lines": f"m,t=a f=1 {T0}\nm,t=b f=2 {T0 + S}"},
+                       {"id": "F2", "kind": "parquet", "lines": f"m,t=a f=3 {T0}"}])
+    before = _rows(spark, catalog, db)
+    real_commit = sa.engine.RootTransaction.commit
+
+    def commit_then_drop(self: Any) -> None:
+        real_commit(self)
+        monkeypatch.setattr(sa.engine.RootTransaction, "commit", real_commit)
+        raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+
+    with pytest.raises(CatalogUnavailableError, match="committed whole or changed nothing"):
+        def swap_hook() -> None:
+            monkeypatch.setattr(sa.engine.RootTransaction, "commit", commit_then_drop)
+        compact(catalog, db, spark_slice_runner(spark), warehouse=warehouse, settings=CompactSettings(),
+                after_slices=swap_hook)
+    live = live_chunks(catalog, db)
+    assert {c["compaction_level"] for c in live} == {1}
+    assert all((warehouse / c["path"]).is_file() for c in live)
+    assert _rows(spark, catalog, db) == before

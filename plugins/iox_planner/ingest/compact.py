@@ -21,18 +21,19 @@ next compaction or persist (`persist.sweep_compaction_strays`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import sqlalchemy as sa
 
 from iox_planner.catalog.names import check_name, excerpt
 from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.config import warehouse as default_warehouse
-from iox_planner.errors import BadInputError, CatalogError
+from iox_planner.errors import BadInputError, CatalogError, CatalogUnavailableError
 from iox_planner.ingest import files as storage
 from iox_planner.ingest.persist import COMPACTED_SUFFIX, sweep_locked_partition
 from iox_planner.model import LOCAL_STORE, TIME, ChunkKind, ColumnType
@@ -77,7 +78,7 @@ class CompactSettings:
     """Rows of an L2 file (and the size below which an L1 file counts as small)."""
     max_rows: int = DEFAULT_MAX_ROWS
     """Memory budget: at most about this many input rows are read by one task (one time slice)."""
-    min_slices: int = 1
+    min_slices: int = DEFAULT_MIN_SLICES
     """Parallelism: a large partition is cut into at least this many time slices (Spark tasks run at once)."""
 
     @staticmethod
@@ -298,7 +299,7 @@ def swap(catalog: Catalog, plan: PartitionPlan, results: Sequence[SliceResult], 
     staged outputs are deleted."""
     written = [r for r in results if r.rows_out > 0]
     try:
-        with catalog.engine.begin() as conn:
+        with _rollback_only(catalog) as conn:
             catalog.lock_partition(conn, plan.partition_id)
             live = catalog.chunk_rows(conn, plan.db_id, partition_id=plan.partition_id)
             live_files = {c.id for c in live if c.kind is ChunkKind.PARQUET}
@@ -327,6 +328,10 @@ def swap(catalog: Catalog, plan: PartitionPlan, results: Sequence[SliceResult], 
         _remove(root, results)
         return Outcome(plan.table, plan.partition, plan.level, len(plan.inputs), 0, plan.rows_in, 0,
                        skipped=f"skipped: {changed}; nothing was changed, a later run will retry")
+    except _CommitFailed as failed:
+        raise CatalogUnavailableError(
+            f"the catalog connection failed while committing the compaction of {plan.table} {plan.partition}; "
+            "it either committed whole or changed nothing, and rerunning compact is safe") from failed
     except BaseException:
         _remove(root, results)
         raise
@@ -336,6 +341,30 @@ def swap(catalog: Catalog, plan: PartitionPlan, results: Sequence[SliceResult], 
 
 class _Changed(Exception):
     pass
+
+
+class _CommitFailed(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _rollback_only(catalog: Catalog) -> Iterator[sa.Connection]:
+    """A transaction whose failure BEFORE the commit propagates as is (the caller removes the staged outputs),
+    while a failing COMMIT raises `_CommitFailed`: Postgres may have committed before the connection dropped, and
+    a file a committed row names must never go. If it did not commit, the outputs are strays, which the next
+    compaction or persist sweeps under the partition's lock (`persist.sweep_compaction_strays`)."""
+    with catalog.engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            yield conn
+        except BaseException:
+            with contextlib.suppress(Exception):  # a dead connection cannot roll back
+                trans.rollback()
+            raise
+        try:
+            trans.commit()
+        except Exception as err:
+            raise _CommitFailed(str(err)) from err
 
 
 def _remove(root: Path, results: Sequence[SliceResult]) -> None:
