@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from spark_jobs.session import build_session
 
     targets = [parse_target(t) for t in args.target]
+    # A report left by an earlier try of this batch (a cleared task) must not stand for this one if it fails.
+    Path(args.metrics).unlink(missing_ok=True)
     catalog = Catalog()
     catalog.require_schema()
     spark = build_session(app="iox-batch compact")
