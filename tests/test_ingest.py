@@ -252,3 +252,29 @@ def test_load_refuses_duplicate_orders(catalog: Catalog, db: str) -> None:
     ]})
     with pytest.raises(BadInputError, match="both have order 4"):
         load_scenario(catalog, scenario, db)
+
+
+def test_the_unreferenced_file_sweep_waits_for_a_write_in_flight(catalog: Catalog, db: str,
+                                                                  warehouse: Path) -> None:
+    """A streamed write may hold uncommitted chunk files for longer than the grace period: while any write into
+    the database is in flight (it holds the database's order row), the sweep leaves every file alone."""
+    import os
+    import uuid
+
+    from iox_planner.ingest.persist import sweep_unreferenced
+
+    write_line_protocol(catalog, db, "m v=1 1")
+    [chunk] = live_chunks(catalog, db)
+    folder = (warehouse / chunk["path"]).parent
+    stray = folder / f"{uuid.uuid4()}.parquet"  # as an in-flight write's chunk file looks: no row names it yet
+    stray.write_bytes(b"PAR1")
+    os.utime(stray, (1, 1))  # far older than any grace period
+    with catalog.engine.connect() as conn:
+        db_id = catalog.database_id(conn, db)
+    with catalog.engine.begin() as in_flight:
+        catalog.lock_orders(in_flight, db_id)
+        assert sweep_unreferenced(catalog, warehouse, db_id, grace_seconds=0) == []
+        assert stray.exists()
+    rel = stray.relative_to(warehouse).as_posix()
+    assert sweep_unreferenced(catalog, warehouse, db_id, grace_seconds=0) == [rel]
+    assert not stray.exists() and (warehouse / chunk["path"]).exists()

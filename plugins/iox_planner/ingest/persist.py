@@ -15,7 +15,8 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 
 from iox_planner.catalog.names import check_name, excerpt
-from iox_planner.catalog.schema import databases, ingester_chunks, parquet_files, partitions, tables
+from iox_planner.catalog.schema import (databases, database_orders, ingester_chunks, parquet_files, partitions,
+                                       tables)
 from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError
@@ -167,12 +168,24 @@ _CHUNK_TEMP = re.compile(r"\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-
 
 def sweep_unreferenced(catalog: Catalog, root: Path, db_id: int, grace_seconds: float) -> list[str]:
     """Delete database `db_id`'s chunk files (and chunk temporaries) that no catalog row names, live or retired,
-    once older than `grace_seconds`. Returns their warehouse-relative paths."""
-    import time
-
+    once older than `grace_seconds`, unless a write into the database is in flight. Returns their
+    warehouse-relative paths."""
     folder = root / str(db_id)
     if not folder.is_dir():
         return []
+    with catalog.engine.begin() as guard:
+        # Every write holds its database's order row from its start to its commit (catalog.lock_orders). Locked
+        # now: a write is in flight, and its chunk files (older than the grace period if it streams for long)
+        # have no committed row yet: sweep another time. Held while sweeping, so no write starts meanwhile.
+        if guard.execute(sa.select(database_orders.c.database_id).where(database_orders.c.database_id == db_id)
+                         .with_for_update(skip_locked=True)).first() is None:
+            return []
+        return _sweep_unreferenced(catalog, root, db_id, grace_seconds, folder)
+
+
+def _sweep_unreferenced(catalog: Catalog, root: Path, db_id: int, grace_seconds: float, folder: Path) -> list[str]:
+    import time
+
     with catalog.engine.connect() as conn:
         table_ids = {str(t) for t in catalog.table_ids(conn, db_id).values()}
         known: set[str] = set()
