@@ -96,6 +96,10 @@ def scheduled_intervals(definition: MaterializedQuery, now: dt.datetime) -> Iter
         start = end
 
 
+UNTRACKED = ("materialized before iox-batch recorded what runs read (catalog migration 0006); refresh it once "
+             "so that late data can be noticed")
+
+
 def status(catalog: Any, definition: MaterializedQuery, *, now: dt.datetime | None = None,
            start: int | None = None, end: int | None = None, never_run: bool = True) -> DefinitionStatus:
     """Every interval of one definition: fresh or stale (and why), failed, running; the scheduled ones never run."""
@@ -122,6 +126,10 @@ def status(catalog: Any, definition: MaterializedQuery, *, now: dt.datetime | No
             states.append(IntervalState(key[0], key[1], run.status, (), (), error, key in done))
         elif key in done:
             states.append(IntervalState(key[0], key[1], "fresh"))
+        elif run is not None and run.status == "success":
+            # Published before the catalog recorded what runs read (migration 0006): its inputs cannot be checked,
+            # so it counts as stale until one refresh records them.
+            states.append(IntervalState(key[0], key[1], "stale", (UNTRACKED,), ()))
     never: list[tuple[int, int, int]] = []
     seen = set(done) | set(last)
     for lo, hi in (scheduled_intervals(definition, now) if never_run else ()):

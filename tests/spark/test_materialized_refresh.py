@@ -218,3 +218,20 @@ def test_refresh_of_an_unknown_definition_is_one_paragraph(setup: dict[str, Any]
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["materialized", "refresh", "nope"]) != 0
     assert "no materialized query named 'nope'" in capsys.readouterr().err
+
+
+def test_an_interval_published_before_reads_were_recorded_is_stale_until_refreshed(
+        setup: dict[str, Any], catalog: Catalog, db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """After the upgrade to migration 0006, intervals materialized before it have a successful run but no record of
+    what they read: they cannot be judged, so status shows them stale (never silently fresh, never hidden), and one
+    refresh records their reads."""
+    hourly = setup["names"]["hourly"]
+    ingest.write_line_protocol(catalog, db, Tally().lines(0, 4))
+    materialize(hourly, T0, T0 + H)
+    with catalog.engine.begin() as conn:  # as the catalog looks for an interval published before 0006
+        conn.execute(sa.text("DELETE FROM iox_materialized_read WHERE definition = :d").bindparams(d=hourly))
+    report = status(capsys, hourly)
+    [interval] = report[hourly]["intervals"]
+    assert interval["state"] == "stale" and "before iox-batch recorded what runs read" in str(interval)
+    assert main(["materialized", "refresh", hourly]) == 0
+    assert states(status(capsys, hourly)[hourly]) == [("00:00", "fresh")]
