@@ -1,9 +1,9 @@
 """Line protocol input read in blocks of whole lines, so a write of any size holds one block at a time.
 
 A block ends at a LF (never inside a UTF-8 sequence: LF is one byte that no multi-byte sequence contains), is
-decoded strictly as UTF-8 with the first bad byte reported by its line and column in the whole input (as
-`lineprotocol.decode_utf8` does for a whole text), and is split into physical lines without their LF. The last
-block is whatever follows the last LF (possibly an empty line, as `str.split` gives for a text ending in LF).
+decoded strictly as UTF-8 by `lineprotocol.decode_utf8`, the first bad byte reported by its line and column in
+the whole input, and is split into physical lines without their LF. The last block is whatever follows the last
+LF (possibly an empty line, as `str.split` gives for a text ending in LF).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from iox_planner.errors import BadInputError
+from iox_planner.ingest.lineprotocol import decode_utf8
 
 BLOCK_BYTES = 16 * 1024 * 1024
 
@@ -33,20 +34,6 @@ def open_input(source: str) -> tuple[BinaryIO, str]:
         raise BadInputError(f"cannot read {source}: it is a folder, not a file") from err
     except PermissionError as err:
         raise BadInputError(f"cannot read {source}: permission denied") from err
-
-
-def _decode(data: bytes, name: str, line_before: int) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        start = data.rfind(b"\n", 0, err.start) + 1
-        line = line_before + data.count(b"\n", 0, err.start) + 1
-        column = len(data[start:err.start].decode("utf-8", "replace")) + 1
-        bad = data[err.start:err.end].hex(" ")
-        raise BadInputError(
-            f"cannot read {name}: it is not UTF-8 text: line {line}, column {column}: byte(s) {bad} {err.reason}. "
-            "Line protocol is UTF-8; convert the input (for example with iconv -t UTF-8) and write again"
-        ) from None
 
 
 class Block:
@@ -68,7 +55,7 @@ class Block:
         if self.text_lines is not None:
             return self.text_lines
         assert self.data is not None
-        return _decode(self.data, self.name, self.lines_before).split("\n")
+        return decode_utf8(self.data, self.name, self.lines_before).split("\n")
 
     def arrow(self) -> pa.Array | None:
         """The lines as one Arrow string array (None for a block given as Python strings)."""
@@ -77,7 +64,7 @@ class Block:
         try:
             text = pa.array([self.data], pa.binary()).cast(pa.string())
         except pa.ArrowInvalid:
-            _decode(self.data, self.name, self.lines_before)  # raises, naming the line and column
+            decode_utf8(self.data, self.name, self.lines_before)  # raises, naming the line and column
             raise
         return pc.split_pattern(text, "\n").flatten()
 

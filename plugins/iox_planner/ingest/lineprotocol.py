@@ -932,15 +932,16 @@ def parse(
     return ParseResult(tuple(points), tuple(parser.errors))
 
 
-def decode_utf8(data: bytes, source: str) -> str:
+def decode_utf8(data: bytes, source: str, lines_before: int = 0) -> str:
     """The text of `data`, strictly UTF-8: the first byte that is not is reported by line and column (in
     characters) and nothing is read. A byte order mark stays, as the reference keeps it (part of the first name).
-    CR bytes stay as they are: the parser decides what a CR means."""
+    CR bytes stay as they are: the parser decides what a CR means. `lines_before`: lines of the input before
+    `data` (a block of a streamed input), so the line number counts in the whole input."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         start = data.rfind(b"\n", 0, err.start) + 1
-        line = data.count(b"\n", 0, err.start) + 1
+        line = lines_before + data.count(b"\n", 0, err.start) + 1
         column = len(data[start:err.start].decode("utf-8", "replace")) + 1
         bad = data[err.start:err.end].hex(" ")
         raise BadInputError(
