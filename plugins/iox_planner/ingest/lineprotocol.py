@@ -403,6 +403,28 @@ def _read_escaped(s: str, i: int, n: int, special: re.Pattern[str], stops: str, 
                         "characters only (separate sections with spaces)")
 
 
+def _read_key(s: str, i: int, n: int, kind: str, after: str, columns: int, seen: Mapping[str, int],
+              lim: Limits) -> tuple[str, int]:
+    """A tag or field key at `i` (`kind`), checked as both kinds are: not empty, within the column limit (`columns`
+    already on the line), the name rules, not a repeat of one in `seen` (key -> position), not reserved."""
+    kpos = i
+    key, i = _read_escaped(s, i, n, _KEY_SPECIAL, _KEY_STOPS, _KEY_ESCAPES, f"a {kind} key", lim.max_name_bytes,
+                           lim.excerpt_bytes)
+    if not key:
+        raise _Fail(kpos, f"empty {kind} key: expected key=value{after}")
+    if columns >= lim.max_columns:
+        raise _Fail(kpos, f"more than {lim.max_columns} tags and fields on one line (IOX_LP_MAX_COLUMNS): "
+                    "split the point or raise the limit")
+    _check_name(key, kpos, f"{kind} key", lim)
+    if key in seen:
+        raise _Fail(kpos, f"duplicate {kind} key {_quote(key, lim.excerpt_bytes)}: it is already set at column "
+                    f"{seen[key] + 1}")
+    problem = _reserved(kind, key)
+    if problem:
+        raise _Fail(kpos, problem)
+    return key, i
+
+
 def _check_name(name: str, pos: int, what: str, lim: Limits) -> None:
     if _too_long(name, lim.max_name_bytes):
         raise _Fail(pos, f"{what} {_quote(name, lim.excerpt_bytes)} is {_utf8_len(name)} bytes long, more than the "
@@ -502,19 +524,7 @@ def _scan_entry(entry: _Entry, precision: Precision, schema: _Schema, lim: Limit
     while i < n and s[i] == ",":
         i += 1
         kpos = i
-        key, i = _read_escaped(s, i, n, _KEY_SPECIAL, _KEY_STOPS, _KEY_ESCAPES, "a tag key", lim.max_name_bytes,
-                               lim.excerpt_bytes)
-        if not key:
-            raise _Fail(kpos, "empty tag key: expected key=value after ','")
-        if len(tags) >= lim.max_columns:
-            raise _Fail(kpos, f"more than {lim.max_columns} tags and fields on one line (IOX_LP_MAX_COLUMNS): "
-                        "split the point or raise the limit")
-        _check_name(key, kpos, "tag key", lim)
-        if key in tag_pos:
-            raise _Fail(kpos, f"duplicate tag key {q(key)}: it is already set at column {tag_pos[key] + 1}")
-        problem = _reserved("tag", key)
-        if problem:
-            raise _Fail(kpos, problem)
+        key, i = _read_key(s, i, n, "tag", " after ','", len(tags), tag_pos, lim)
         prior = known.get(key)
         if prior is not None and prior[0] is not _TAG:
             raise _Fail(kpos, f"{q(key)} is a {prior[0].value} field of measurement {q(measurement)} "
@@ -543,19 +553,7 @@ def _scan_entry(entry: _Entry, precision: Precision, schema: _Schema, lim: Limit
     field_pos: dict[str, int] = {}
     while True:
         kpos = i
-        key, i = _read_escaped(s, i, n, _KEY_SPECIAL, _KEY_STOPS, _KEY_ESCAPES, "a field key", lim.max_name_bytes,
-                               lim.excerpt_bytes)
-        if not key:
-            raise _Fail(kpos, "empty field key: expected key=value")
-        if len(tags) + len(fields) >= lim.max_columns:
-            raise _Fail(kpos, f"more than {lim.max_columns} tags and fields on one line (IOX_LP_MAX_COLUMNS): "
-                        "split the point or raise the limit")
-        _check_name(key, kpos, "field key", lim)
-        if key in field_pos:
-            raise _Fail(kpos, f"duplicate field key {q(key)}: it is already set at column {field_pos[key] + 1}")
-        problem = _reserved("field", key)
-        if problem:
-            raise _Fail(kpos, problem)
+        key, i = _read_key(s, i, n, "field", "", len(tags) + len(fields), field_pos, lim)
         if key in tags:
             raise _Fail(kpos, f"{q(key)} is a tag on this line (column {tag_pos[key] + 1}) and cannot also be a field")
         prior = known.get(key)
