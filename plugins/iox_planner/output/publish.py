@@ -13,6 +13,7 @@ import re
 import shutil
 import stat
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -294,58 +295,78 @@ def _lstat_at(parent: _Folder, name: str) -> os.stat_result | None:
         return None
 
 
+@dataclass
+class _Stage:
+    """A publication in progress: the checked target, its open parent folder, this run's lock on the name and the
+    temporary sibling the result is written to."""
+
+    target: Path
+    folder: bool
+    parent: _Folder
+    lock: _RunLock
+    tmp_name: str
+
+    @property
+    def tmp(self) -> Path:
+        return self.target.parent / self.tmp_name
+
+    def record(self, published: str) -> None:
+        """Record the publication in the catalog BEFORE the rename (a run killed right after the rename is still
+        recognised as ours by its rerun), the target checked again first: still the thing we checked (or gone)."""
+        if os.path.lexists(self.target):
+            check_destination(self.target, folder=self.folder)
+        _ledger().record(_publication(self.target, "folder" if self.folder else "file", published))
+        kill_point("publish.before_rename")
+
+
+@contextlib.contextmanager
+def _staging(path: Path, *, folder: bool) -> Iterator[_Stage]:
+    """Check the destination, sweep what dead runs left beside it, lock its name, and afterwards remove the
+    temporary (if it was not renamed into place) and release everything."""
+    target = check_destination(path, folder=folder)
+    parent = _Folder(target.parent)
+    try:
+        sweep_leftovers(parent, target.name)
+        lock = _RunLock(parent, target.name)
+    except BaseException:
+        parent.close()
+        raise
+    stage = _Stage(target, folder, parent, lock, _temp_name(target.name, "tmp", lock.token))
+    try:
+        yield stage
+    finally:
+        if folder:
+            if os.path.lexists(stage.tmp):
+                shutil.rmtree(stage.tmp_name, ignore_errors=True, dir_fd=parent.fd)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stage.tmp_name, dir_fd=parent.fd)
+        lock.release()
+        parent.close()
+
+
 @contextlib.contextmanager
 def staged_file(path: Path) -> Iterator[Path]:
     """Yield a temporary sibling to write; publish it over `path` atomically when the block succeeds, and record
     the publication in the catalog."""
-    target = check_destination(path, folder=False)
-    parent = _Folder(target.parent)
-    sweep_leftovers(parent, target.name)
-    lock = _RunLock(parent, target.name)
-    tmp_name = _temp_name(target.name, "tmp", lock.token)
-    tmp = target.parent / tmp_name
-    try:
-        yield tmp
-        published = fingerprint(tmp)
-        if os.path.lexists(target):
-            check_destination(target, folder=False)  # still the thing we checked (or gone)
-        _ledger().record(_publication(target, "file", published))
-        kill_point("publish.before_rename")
-        os.replace(tmp_name, target.name, src_dir_fd=parent.fd, dst_dir_fd=parent.fd)
+    with _staging(path, folder=False) as stage:
+        yield stage.tmp
+        stage.record(fingerprint(stage.tmp))
+        os.replace(stage.tmp_name, stage.target.name, src_dir_fd=stage.parent.fd, dst_dir_fd=stage.parent.fd)
         kill_point("publish.after_rename")
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name, dir_fd=parent.fd)
-        lock.release()
-        parent.close()
 
 
 @contextlib.contextmanager
 def staged_folder(path: Path) -> Iterator[Path]:
     """Yield a temporary sibling folder to fill; swap it in for `path` when the block succeeds, and record the
     publication in the catalog."""
-    target = check_destination(path, folder=True)
-    parent = _Folder(target.parent)
-    sweep_leftovers(parent, target.name)
-    lock = _RunLock(parent, target.name)
-    tmp_name = _temp_name(target.name, "tmp", lock.token)
-    tmp = target.parent / tmp_name
-    try:
-        yield tmp
-        if not tmp.is_dir() or tmp.is_symlink():
-            raise BadInputError(f"the result for {_short(str(target))} was not written as a folder")
-        published = fingerprint(tmp)
-        if os.path.lexists(target):
-            check_destination(target, folder=True)  # still the thing we checked (or gone)
-        _ledger().record(_publication(target, "folder", published))
-        kill_point("publish.before_rename")
-        publish_folder(tmp, target, _dir_fd=parent.fd, _token=lock.token)
+    with _staging(path, folder=True) as stage:
+        yield stage.tmp
+        if not stage.tmp.is_dir() or stage.tmp.is_symlink():
+            raise BadInputError(f"the result for {_short(str(stage.target))} was not written as a folder")
+        stage.record(fingerprint(stage.tmp))
+        publish_folder(stage.tmp, stage.target, _dir_fd=stage.parent.fd, _token=stage.lock.token)
         kill_point("publish.after_rename")
-    finally:
-        if os.path.lexists(tmp):
-            shutil.rmtree(tmp_name, ignore_errors=True, dir_fd=parent.fd)
-        lock.release()
-        parent.close()
 
 
 def _publication(target: Path, kind: str, fp: str) -> Any:
