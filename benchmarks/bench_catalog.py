@@ -66,10 +66,7 @@ def main() -> None:
     url = os.environ.get("IOX_BENCH_CATALOG_URL")
     if url is None:
         pg = localpg.ensure_running()
-        engine = sa.create_engine(pg.url("postgres"), isolation_level="AUTOCOMMIT")
-        with engine.connect() as conn:
-            conn.execute(sa.text('DROP DATABASE IF EXISTS "iox_bench" WITH (FORCE)'))
-        engine.dispose()
+        localpg.drop_database(pg, "iox_bench")
         url = localpg.ensure_database(pg, "iox_bench")
     catalog = Catalog(url)
     catalog.migrate()

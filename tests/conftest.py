@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-import sqlalchemy as sa
 
 from iox_planner.catalog import localpg
 from iox_planner.catalog.store import Catalog
@@ -24,11 +23,7 @@ def _fresh_database(prefix: str) -> tuple[str, str]:
 
 
 def _drop_database(name: str) -> None:
-    pg = localpg.ensure_running()
-    engine = sa.create_engine(pg.url("postgres"), isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    engine.dispose()
+    localpg.drop_database(localpg.ensure_running(), name)
 
 
 @pytest.fixture(scope="session")

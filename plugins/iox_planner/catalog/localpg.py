@@ -111,6 +111,20 @@ def _create_database(pg: LocalPostgres, name: str) -> None:
         conn.close()
 
 
+def drop_database(pg: LocalPostgres, name: str) -> None:
+    """Drop database `name` of the local cluster if it exists, closing its connections (a test's or a
+    benchmark's own database: the name is ours, not user input)."""
+    import psycopg2
+
+    conn = psycopg2.connect(host="127.0.0.1", port=pg.port, user="postgres", dbname="postgres")
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        conn.close()
+
+
 def ensure_database(pg: LocalPostgres, name: str) -> str:
     """Create database `name` in the local cluster if missing; return its URL."""
     _create_database(pg, name)
