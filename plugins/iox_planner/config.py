@@ -1,9 +1,11 @@
-"""Configuration by environment: where the project, the catalog and the warehouse are."""
+"""Configuration by environment: where the project, the catalog and the warehouse are; bounded numbers."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from iox_planner.errors import BadInputError
 
 
 def project_root() -> Path:
@@ -29,3 +31,19 @@ def warehouse() -> Path:
     env = os.environ.get("IOX_WAREHOUSE")
     path = Path(env) if env else project_root() / "warehouse"
     return path.resolve()
+
+
+def env_int(name: str, default: int, low: int, high: int) -> int:
+    """A whole number from the environment variable `name` (underscores allowed: `1_000_000`), `default` when
+    unset or blank; outside `[low, high]` or not a number, a one-paragraph error naming the range."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise BadInputError(f"{name}={text[:40]!r} is not allowed; set a whole number from {low:,} to {high:,} "
+                            f"or unset it (default {default:,})")
+    return value

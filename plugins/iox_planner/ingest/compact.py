@@ -22,7 +22,6 @@ next compaction or persist (`persist.sweep_compaction_strays`).
 from __future__ import annotations
 
 import contextlib
-import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ import sqlalchemy as sa
 
 from iox_planner.catalog.names import check_name, excerpt
 from iox_planner.catalog.store import Catalog, ChunkRow
-from iox_planner.config import warehouse as default_warehouse
+from iox_planner.config import env_int, warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError, CatalogUnavailableError
 from iox_planner.ingest import files as storage
 from iox_planner.ingest.persist import COMPACTED_SUFFIX, sweep_locked_partition
@@ -56,18 +55,7 @@ _BOUNDS = {
 
 
 def _env_int(name: str, default: int) -> int:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    low, high = _BOUNDS[name]
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        value = low - 1
-    if not low <= value <= high:
-        raise BadInputError(f"{name}={text[:40]!r} is not allowed; set a whole number from {low:,} to {high:,} "
-                            f"or unset it (default {default:,})")
-    return value
+    return env_int(name, default, *_BOUNDS[name])
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ here fails fast with an error naming it and the variable that raises it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from iox_planner.config import env_int
 from iox_planner.errors import BadInputError, BadQueryError
 
 DEFAULT_MAX_SQL_BYTES = 1_048_576
@@ -38,18 +38,7 @@ class SqlLimits:
 
 
 def _env_int(name: str, default: int) -> int:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        value = -1
-    low, high = _FLOORS[name], _CEILINGS[name]
-    if not low <= value <= high:
-        raise BadInputError(f"{name}={text[:40]!r} is not allowed; set a whole number from {low:,} to {high:,} "
-                            "or unset it")
-    return value
+    return env_int(name, default, _FLOORS[name], _CEILINGS[name])
 
 
 def check_text(text: str, what: str = "the SQL") -> None:
