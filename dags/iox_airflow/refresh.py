@@ -14,9 +14,7 @@ the `iox_refresh` DAG share. No Airflow import: plain functions of definitions a
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -261,16 +259,9 @@ def _dt(ns: int) -> dt.datetime:
 
 
 def _spark_submit(job: str, args: Sequence[str], fast_start: bool) -> None:
-    from iox_planner.sparkconf import spark_env, spark_submit_command
+    from iox_planner.sparkconf import run_submit, spark_submit_command
 
-    done = subprocess.run(spark_submit_command(job, list(args), fast_start=fast_start), capture_output=True,
-                          text=True, env={**os.environ, **spark_env()})
-    if done.returncode != 0:
-        errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-        if errors:
-            raise IoxError(errors[-1][len("error: "):])
-        tail = " ".join(done.stderr.strip().splitlines()[-5:])
-        raise IoxError(f"spark-submit {job} failed (exit {done.returncode}): {tail}")
+    run_submit(spark_submit_command(job, list(args), fast_start=fast_start), f"spark-submit {job}")
 
 
 def _run_in_process(staging: Path, fmt: str) -> int:

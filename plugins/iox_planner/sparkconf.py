@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from iox_planner.config import project_root
-from iox_planner.errors import BadInputError
+from iox_planner.errors import BadInputError, IoxError
 
 DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.session.timeZone": "UTC",
@@ -111,3 +112,15 @@ def spark_submit_command(job: str, args: Sequence[str], *, fast_start: bool = Fa
     for key, value in (fast_start_conf(conf) if fast_start else conf).items():
         cmd += ["--conf", f"{key}={value}"]
     return [*cmd, str(jobs_dir() / job), *args]
+
+
+def run_submit(command: Sequence[str], what: str = "spark-submit") -> None:
+    """Run a spark-submit command with iox-batch's Spark environment; a failure becomes the job's own one-paragraph
+    error (its last `error: ` line), or `what` failed with the tail of its standard error."""
+    done = subprocess.run(list(command), capture_output=True, text=True, env={**os.environ, **spark_env()})
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+        if errors:
+            raise IoxError(errors[-1][len("error: "):])
+        tail = " ".join(done.stderr.strip().splitlines()[-5:])
+        raise IoxError(f"{what} failed (exit {done.returncode}): {tail}")

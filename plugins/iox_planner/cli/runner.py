@@ -5,17 +5,16 @@ Imported only by commands that run queries: everything else stays free of Spark.
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
 from iox_planner.config import warehouse
-from iox_planner.errors import BadInputError, IoxError
+from iox_planner.errors import BadInputError
 from iox_planner.output.formats import OutputFormat, finish_columns, render_table, write_text_output
 from iox_planner.planner.nodes import QueryPlan
 from iox_planner.planner.serde import plan_to_json
-from iox_planner.sparkconf import spark_env, spark_master, spark_submit_command
+from iox_planner.sparkconf import run_submit, spark_master, spark_submit_command
 
 _SESSION: Any = None
 
@@ -68,17 +67,7 @@ def run_spark_submit(plan: QueryPlan, fmt: OutputFormat, output: Path | None, st
         to_print = fmt is OutputFormat.TABLE or output is None
         target = Path(tmp) / "result.arrow" if to_print else output
         assert target is not None
-        env = {**os.environ, **spark_env()}
-        done = subprocess.run(
-            run_plan_command(plan_file, "arrow" if to_print else fmt.value, target, strategy),
-            capture_output=True, text=True, env=env,
-        )
-        if done.returncode != 0:
-            errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-            if errors:
-                raise IoxError(errors[-1][len("error: "):])
-            tail = " ".join(done.stderr.strip().splitlines()[-5:])
-            raise IoxError(f"spark-submit failed (exit {done.returncode}): {tail}")
+        run_submit(run_plan_command(plan_file, "arrow" if to_print else fmt.value, target, strategy))
         if not to_print:
             return -1
         import pyarrow as pa
