@@ -24,11 +24,12 @@ $(STAMP): requirements.lock pyproject.toml
 venv: $(STAMP)
 
 # Two runs: everything but Airflow on two workers (each with its own SparkSession and catalog database), then
-# the Airflow tests, which share one Airflow process and start a scheduler and api-server of their own.
+# the Airflow tests, which share one Airflow process and start a scheduler and api-server of their own. The
+# slowest tests are listed at the end of each run, so CI shows where its time budget goes.
 test: venv
 	$(BIN)/iox-batch catalog migrate
-	$(BIN)/python -m pytest -n 2 --ignore=tests/airflow $(PYTEST_ARGS)
-	$(BIN)/python -m pytest tests/airflow $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --ignore=tests/airflow --durations=20 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/airflow --durations=10 $(PYTEST_ARGS)
 
 # The soak / race test at full length (make test runs it for IOX_SOAK_SECONDS=30), and the fault-injection suite
 # with ten kill points per operation (make test samples two, one for queries).
