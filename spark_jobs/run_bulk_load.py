@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         spark = build_session(app="iox-batch write --spark")
         result = bulk_write(catalog, args.db, args.source, spark_range_runner(spark),
                             precision=Precision(args.precision), accept_partial=args.accept_partial,
-                            progress=lambda line: print(line, file=sys.stderr, flush=True))
+                            progress=lambda line: print(line, file=sys.stderr, flush=True),
+                            min_ranges=spark.sparkContext.defaultParallelism)
     finally:
         catalog.dispose()
     tmp = out.with_name(f".{out.name}.tmp")

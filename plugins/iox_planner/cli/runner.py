@@ -109,8 +109,10 @@ def bulk_load(catalog: Any, db: str, source: str, precision: Any, accept_partial
     if os.environ.get("IOX_RUNNER", "in-process") != "spark-submit":
         from spark_jobs.bulk_job import spark_range_runner
 
-        return bulk_write(catalog, db, source, spark_range_runner(session()), precision=precision,
-                          accept_partial=accept_partial, progress=progress)
+        spark = session()
+        return bulk_write(catalog, db, source, spark_range_runner(spark), precision=precision,
+                          accept_partial=accept_partial, progress=progress,
+                          min_ranges=spark.sparkContext.defaultParallelism)
     import json
 
     from iox_planner.ingest.lineprotocol import LineError

@@ -299,14 +299,17 @@ def bulk_write(
     accept_partial: bool = False,
     progress: Callable[[str], None] = lambda line: None,
     target_bytes: int | None = None,
+    min_ranges: int = 1,
     warehouse: Path | None = None,
 ) -> plain.WriteResult:
-    """`iox-batch write --spark`: see the module docstring."""
+    """`iox-batch write --spark`: see the module docstring. `min_ranges` (the cluster's parallelism): ranges are
+    made smaller than `IOX_BULK_RANGE_BYTES` when that gives every core a range."""
     check_db_name(db)
     precision = Precision(precision)
     root = warehouse or default_warehouse()
     paths = input_files(source)
-    ranges = plan_ranges(paths, target_bytes or range_bytes())
+    size = sum(p.stat().st_size for p in paths)
+    ranges = plan_ranges(paths, max(1, min(target_bytes or range_bytes(), -(-size // max(1, min_ranges)))))
     total = sum(r.end - r.start for r in ranges)
     default_time = now_ns()
     progress(f"bulk load into {db}: {len(paths)} file(s), {total:,} bytes, {len(ranges)} range(s)")
