@@ -293,3 +293,19 @@ def test_a_killed_load_leaves_the_catalog_and_is_swept(catalog: Catalog, db: str
     swept = sweep_unreferenced(catalog, root, some_db or 1, 0)
     assert any(p.startswith(f"{bulk.STAGING}/") for p in swept)
     assert _files(root) == before[0], "the sweep left the killed load's files"
+
+
+def test_a_cut_inside_a_string_spanning_lines_gives_the_plain_result(spark: Any, catalog: Catalog, db: str,
+                                                                     tmp_path: Path, small_ranges: None) -> None:
+    # A string value of 12 kB with a LF every 100 bytes: every cut near it falls inside the string.
+    text = "\n".join(f"{i:04d}" + "x" * 95 for i in range(120))
+    lines = [f"log,host=h{i % 3} n={i}i {T0 + i * S}" for i in range(200)]
+    lines[100] = f'log,host=h9 msg="{text}" {T0}'
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.lp").write_text("\n".join(lines) + "\n")
+    done = cli("write", "--spark", "--db", db, str(folder))
+    assert done.returncode == 0, done.stderr
+    assert "redoing the load as plain writes" in done.stderr
+    got = {(r["host"], r.get("n"), r.get("msg")) for r in run_jsonl(spark, catalog, db, "SELECT * FROM log")}
+    assert ("h9", None, text) in got and len(got) == 200

@@ -194,6 +194,8 @@ class RangeResult:
     range_index: int
     chunks: tuple[StagedChunk, ...] = ()
     points: int = 0
+    cpu_seconds: float = 0.0
+    """The task's own CPU time (its worker process's, while parsing and writing): the per-core cost."""
     problem: str | None = None
     """Why the parallel result cannot stand (a bad line, ...): the driver redoes the load the plain way."""
 
@@ -209,6 +211,7 @@ class TaskParams:
 def parse_range(r: Range, params: TaskParams) -> RangeResult:
     """Parse one range with the plain write's parser and write one chunk per (table, partition) into staging.
     Runs in a Spark Python worker: no catalog access, the limits and default time come from the driver."""
+    cpu = time.process_time()
     parser = StreamParser(precision=Precision(params.precision), default_time=params.default_time,
                           limits=Limits(**params.limits))
     pending: dict[tuple[str, str], plain._Pending] = {}
@@ -235,7 +238,7 @@ def parse_range(r: Range, params: TaskParams) -> RangeResult:
         mm = pc.min_max(data[TIME]).as_py()
         chunks.append(StagedChunk(key[0], key[1], tuple((c, t.value) for c, t in columns.items()), data.num_rows,
                                   mm["min"], mm["max"], storage.tag_ranges(data, columns), name, size))
-    return RangeResult(r.file_index, r.range_index, tuple(chunks), points)
+    return RangeResult(r.file_index, r.range_index, tuple(chunks), points, time.process_time() - cpu)
 
 
 def _pieces(parsed: list[Piece] | list[Point]
@@ -328,7 +331,8 @@ def bulk_write(
             problem = _why_plain(results, len(paths))
             if problem is None:
                 progress(f"parsed {sum(x.points for x in results):,} lines in {len(ranges)} task(s) in "
-                         f"{time.monotonic() - started:.1f} s")
+                         f"{time.monotonic() - started:.1f} s ({sum(x.cpu_seconds for x in results):.1f} task "
+                         "CPU-seconds)")
                 try:
                     return _register(catalog, db, results, staging, root, progress)
                 except _PlainWay as why:
