@@ -7,14 +7,20 @@ RSS is that process's, read from the kernel's accounting of the finished child),
 core), its wall time and its peak RSS; the target is 200,000 lines/s per core and peak memory under 500 MB
 whatever the size. Process start-up (imports, catalog connection) is included.
 
-Run: `python benchmarks/bench_ingest.py [--sizes 100000,1000000,5000000] [--repeat 1]`; `IOX_BENCH_INGEST_MAX`
-caps the sizes (default 1,000,000: the 5 M file is 1.9 GB and takes a while).
+With `--spark` the bulk load (`iox-batch write --spark`) runs too, on `local[1]` and on `local[2]`, taking turns
+with the plain write: its figures are lines per wall second (does it grow with the cores?) and lines per task
+CPU-second (the Spark tasks' own CPU time, summed: what one core parses; start-up, JVM and registration are in the
+wall time only). Its peak RSS is the driver's (the command and its JVM), not the workers'.
+
+Run: `python benchmarks/bench_ingest.py [--sizes 100000,1000000,5000000] [--repeat 1] [--spark]`;
+`IOX_BENCH_INGEST_MAX` caps the sizes (default 1,000,000: the 5 M file is 1.9 GB and takes a while).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -43,12 +49,14 @@ def make_file(path: Path, lines: int) -> int:
     return path.stat().st_size
 
 
-def run_write(path: Path, extra_env: dict[str, str]) -> tuple[float, float, float]:
-    """Wall seconds, CPU seconds (user + system) and peak RSS (MB) of one `iox-batch write` of the file into a
-    new database, in a child process."""
+def run_write(path: Path, extra_env: dict[str, str], spark: bool = False) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS (MB) of one `iox-batch write` (`--spark`: the bulk
+    load) of the file into a new database, in a child process. For the bulk load the CPU seconds are its Spark
+    tasks' own (their sum, as the load reports it): the work a core does, wherever it runs."""
     db = f"bench_ingest_{uuid.uuid4().hex[:8]}"
     env = {**os.environ, **extra_env}
-    cmd = [sys.executable, "-m", "iox_planner.cli.main", "write", "--db", db, str(path)]
+    cmd = [sys.executable, "-m", "iox_planner.cli.main", "write", *(["--spark"] if spark else []), "--db", db,
+           str(path)]
     script = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
               "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
               "w = time.perf_counter() - t; "
@@ -58,6 +66,11 @@ def run_write(path: Path, extra_env: dict[str, str]) -> tuple[float, float, floa
     code, wall, cpu, rss_kb = out.stdout.split()
     if code != "0":
         raise SystemExit(f"write failed ({code}): {out.stderr}")
+    if spark:
+        found = re.search(r"\(([0-9.]+) task CPU-seconds\)", out.stderr)
+        if found is None:
+            raise SystemExit(f"the bulk load did not report its tasks' CPU time: {out.stderr[-2000:]}")
+        cpu = found.group(1)
     subprocess.run([sys.executable, "-m", "iox_planner.cli.main", "drop", "--db", db, "--yes"], env=env,
                    stdout=subprocess.DEVNULL, check=True)
     return float(wall), float(cpu), int(rss_kb) / 1024
@@ -67,6 +80,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="100000,1000000,5000000")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--spark", action="store_true",
+                        help="also the bulk load on Spark, local[1] and local[2], taking turns with the plain write")
     parser.add_argument("--compare-with", metavar="PLUGINS_DIR",
                         help="also run another checkout's package (its plugins/ folder, e.g. from `git archive "
                              "<commit> plugins`), the variants taking turns")
@@ -79,14 +94,17 @@ def main() -> None:
         for n in sizes:
             path = Path(tmp) / f"cpu_{n}.lp"
             files[n] = (path, make_file(path, n))
-        variants = {"this": {}}
+        variants: dict[str, dict[str, str]] = {"this": {}}
         if args.compare_with:
             variants = {"other": {"PYTHONPATH": str(Path(args.compare_with).resolve())}, "this": {}}
+        if args.spark:
+            variants.update({"spark1": {"IOX_SPARK_MASTER": "local[1]"}, "spark2": {"IOX_SPARK_MASTER": "local[2]"}})
+        load_before = os.getloadavg()
         best: dict[tuple[str, int], tuple[float, float, float]] = {}
         for _ in range(args.repeat):
             for n in sizes:  # sizes and variants take turns, so a slow moment of the machine hits all alike
                 for name, env in variants.items():
-                    wall, cpu, rss = run_write(files[n][0], env)
+                    wall, cpu, rss = run_write(files[n][0], env, spark=name.startswith("spark"))
                     key = (name, n)
                     if key not in best or cpu < best[key][1]:
                         best[key] = (wall, cpu, max(rss, best.get(key, (0, 0, 0))[2]))
@@ -99,6 +117,12 @@ def main() -> None:
                 wall, cpu, rss = best[(name, n)]
                 print(f"{name:>6} {n:>10,} {files[n][1] / 1e6:>8.1f} {wall:>8.2f} {cpu:>8.2f} {n / cpu:>12,.0f} "
                       f"{n / wall:>13,.0f} {rss:>12.0f}")
+        if args.spark:
+            for n in sizes:
+                one, two = best[("spark1", n)][0], best[("spark2", n)][0]
+                print(f"bulk load, {n:,} lines: local[2] is {one / two:.2f}x local[1] (lines per wall second)")
+        print("load average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}; after: {:.2f} {:.2f} {:.2f}".format(
+            *load_before, *os.getloadavg()))
         if skipped:
             print(f"skipped sizes above IOX_BENCH_INGEST_MAX={cap}: {', '.join(skipped)}")
 

@@ -17,6 +17,7 @@
 | `IOX_OUTPUT_ROOT` | `<project>/output` | where relative output paths (params, definitions) resolve |
 | `IOX_OUTPUT_ROOTS` | `IOX_OUTPUT_ROOT` | every folder runs may write under (`os.pathsep`-separated; the first is where relative paths go) |
 | `IOX_MATERIALIZED_DIR` | `dags/materialized` | the folder of materialized query definitions (`*.yaml`) |
+| `IOX_BULK_LOAD_ROOT` | `<project>/bulk` | the only folder whose files and subfolders `iox_bulk_load` may load |
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class AirflowSettings:
     materialized_dir: Path = Path("dags/materialized")
     output_roots: tuple[Path, ...] = ()
     """Every folder a run may write under, resolved (symlinks included); empty: just `output_root`."""
+    bulk_load_root: Path = Path("bulk")
+    """Where `iox_bulk_load`'s folders must resolve (symlinks included), resolved."""
 
     def __post_init__(self) -> None:
         roots = tuple(Path(r).resolve() for r in (self.output_roots or (self.output_root,)))
@@ -56,6 +59,11 @@ class AirflowSettings:
                 raise BadInputError(f"output root {r} is a filesystem root; give IOX_OUTPUT_ROOT(S) folders of "
                                     "their own, which runs may fill")
         object.__setattr__(self, "output_roots", roots)
+        bulk = Path(self.bulk_load_root).resolve()
+        if bulk == Path(bulk.anchor):
+            raise BadInputError(f"IOX_BULK_LOAD_ROOT {bulk} is a filesystem root; give a folder that holds only "
+                                "what triggered bulk loads may read")
+        object.__setattr__(self, "bulk_load_root", bulk)
         minimum = {"max_spark_jobs": 1, "spark_retries": 0, "spark_retry_delay_s": 0, "spark_fast_start_rows": 0,
                    "run_lock_ttl_s": 1, "persist_chunk_threshold": 1, "refresh_concurrency": 1}
         for name, low in minimum.items():
@@ -74,6 +82,7 @@ class AirflowSettings:
         values: dict[str, object] = {
             "output_root": _path(env.get("IOX_OUTPUT_ROOT"), root / "output", root),
             "materialized_dir": _path(env.get("IOX_MATERIALIZED_DIR"), root / "dags" / "materialized", root),
+            "bulk_load_root": _path(env.get("IOX_BULK_LOAD_ROOT"), root / "bulk", root),
         }
         listed = [_path(p.strip(), root, root) for p in (env.get("IOX_OUTPUT_ROOTS") or "").split(os.pathsep)
                   if p.strip()]

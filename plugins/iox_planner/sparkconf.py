@@ -120,6 +120,8 @@ def run_submit(command: Sequence[str], what: str = "spark-submit") -> None:
     done = subprocess.run(list(command), capture_output=True, text=True, env={**os.environ, **spark_env()})
     if done.returncode != 0:
         errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+        # spark-submit runs a Python job with its standard error merged into its standard output.
+        errors = errors or [line for line in done.stdout.splitlines() if line.startswith("error: ")]
         if errors:
             raise IoxError(errors[-1][len("error: "):])
         tail = " ".join(done.stderr.strip().splitlines()[-5:])

@@ -52,7 +52,8 @@ def test_every_dag_loads_without_import_errors_and_without_a_database(airflow_en
     assert bag["import_errors"] == {}
     dags = bag["dags"]
     examples = sorted(f"materialize_{p.stem}" for p in (DAGS / "materialized").glob("*.yaml"))
-    assert sorted(dags) == sorted(["iox_query", "iox_persist", "iox_compact", "iox_refresh", *examples])
+    assert sorted(dags) == sorted(["iox_query", "iox_persist", "iox_compact", "iox_refresh", "iox_bulk_load",
+                                   *examples])
     assert seconds < 60
 
     query = dags["iox_query"]

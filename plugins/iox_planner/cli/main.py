@@ -48,6 +48,13 @@ def cmd_write(args: argparse.Namespace) -> int:
     from iox_planner.ingest.write import write_line_blocks
     from iox_planner.ingest.lineprotocol import Precision
 
+    if args.spark:
+        from iox_planner.cli.runner import bulk_load
+
+        result = bulk_load(_catalog(), args.db, args.file, Precision(args.precision), args.accept_partial,
+                           lambda line: err.print(line, markup=False))
+        _print_write(result, args.db)
+        return 0
     # Streamed: the input is read block by block while its chunks are written, never whole.
     stream, source = open_input(args.file)
     try:
@@ -57,13 +64,17 @@ def cmd_write(args: argparse.Namespace) -> int:
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()
+    _print_write(result, args.db)
+    return 0
+
+
+def _print_write(result: Any, db: str) -> None:
     for chunk in result.chunks:
         out.print(f"wrote ingester chunk {chunk.id}: {chunk.table} {chunk.partition}, {chunk.rows} rows, "
                   f"order {chunk.order}")
-    out.print(f"{result.rows} rows in {len(result.chunks)} chunk(s) written to {args.db}")
+    out.print(f"{result.rows} rows in {len(result.chunks)} chunk(s) written to {db}")
     if result.rejected:
         err.print(f"rejected {len(result.rejected)} bad line(s): " + "; ".join(str(e) for e in result.rejected))
-    return 0
 
 
 def cmd_persist(args: argparse.Namespace) -> int:
@@ -270,7 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="unit of the timestamps (default ns)")
     write.add_argument("--accept-partial", action="store_true",
                        help="store the good lines and report the bad ones (default: reject the whole write)")
-    write.add_argument("file", metavar="FILE|-", help="line protocol file, or - for standard input")
+    write.add_argument("--spark", action="store_true",
+                       help="bulk load on Spark: FILE or every regular file of a folder, cut into byte ranges "
+                            "parsed in parallel, registered in one transaction (IOX_BULK_RANGE_BYTES)")
+    write.add_argument("file", metavar="FILE|DIR|-",
+                       help="line protocol file, or - for standard input; with --spark a file or a folder")
     write.set_defaults(func=cmd_write)
 
     persist = sub.add_parser("persist", help="persist ingester chunks as deduplicated, sorted Parquet files")

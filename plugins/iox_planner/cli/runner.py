@@ -100,6 +100,34 @@ def run(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO)
 
 
 
+def bulk_load(catalog: Any, db: str, source: str, precision: Any, accept_partial: bool,
+              progress: Any) -> Any:
+    """`iox-batch write --spark`: the bulk load on this process's SparkSession, or through spark-submit of
+    `run_bulk_load.py` with `IOX_RUNNER=spark-submit` (its report read back)."""
+    from iox_planner.ingest.bulk import bulk_write
+
+    if os.environ.get("IOX_RUNNER", "in-process") != "spark-submit":
+        from spark_jobs.bulk_job import spark_range_runner
+
+        spark = session()
+        return bulk_write(catalog, db, source, spark_range_runner(spark), precision=precision,
+                          accept_partial=accept_partial, progress=progress,
+                          min_ranges=spark.sparkContext.defaultParallelism)
+    import json
+
+    from iox_planner.ingest.lineprotocol import LineError
+    from iox_planner.ingest.write import WriteResult, WrittenChunk
+
+    with tempfile.TemporaryDirectory(prefix="iox-bulk-") as tmp:
+        report = Path(tmp) / "report.json"
+        args = ["--db", db, "--precision", str(precision.value), "--report", str(report)]
+        args += ["--accept-partial"] if accept_partial else []
+        run_submit(spark_submit_command("run_bulk_load.py", [*args, "--", str(Path(source).absolute())]))
+        done = json.loads(report.read_text())
+    return WriteResult(tuple(WrittenChunk(**c) for c in done["chunks"]),
+                       tuple(LineError(**e) for e in done["rejected"]))
+
+
 def analyze(plan: QueryPlan) -> str:
     """EXPLAIN ANALYZE: run the plan node by node and show each node's metrics in the tree."""
     import time

@@ -169,18 +169,22 @@ _CHUNK_TEMP = re.compile(r"\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-
 def sweep_unreferenced(catalog: Catalog, root: Path, db_id: int, grace_seconds: float) -> list[str]:
     """Delete database `db_id`'s chunk files (and chunk temporaries) that no catalog row names, live or retired,
     once older than `grace_seconds`, unless a write into the database is in flight. Returns their
-    warehouse-relative paths."""
+    warehouse-relative paths. Dead bulk loads' staging folders (`_bulk/<load id>`, any database's: a load into a
+    new database has no database id yet) go too, with the files they moved but never registered (`bulk.py`)."""
+    from iox_planner.ingest.bulk import STAGING, sweep_bulk_loads
+
+    loads = [f"{STAGING}/{load}" for load in sweep_bulk_loads(catalog, root, grace_seconds)]
     folder = root / str(db_id)
     if not folder.is_dir():
-        return []
+        return loads
     with catalog.engine.begin() as guard:
         # Every write holds its database's order row from its start to its commit (catalog.lock_orders). Locked
         # now: a write is in flight, and its chunk files (older than the grace period if it streams for long)
         # have no committed row yet: sweep another time. Held while sweeping, so no write starts meanwhile.
         if guard.execute(sa.select(database_orders.c.database_id).where(database_orders.c.database_id == db_id)
                          .with_for_update(skip_locked=True)).first() is None:
-            return []
-        return _sweep_unreferenced(catalog, root, db_id, grace_seconds, folder)
+            return loads
+        return loads + _sweep_unreferenced(catalog, root, db_id, grace_seconds, folder)
 
 
 def _sweep_unreferenced(catalog: Catalog, root: Path, db_id: int, grace_seconds: float, folder: Path) -> list[str]:

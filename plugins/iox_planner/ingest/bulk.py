@@ -1,0 +1,485 @@
+"""Bulk load (`iox-batch write --spark FILE|DIR`): line protocol parsed and written in parallel, registered in one
+catalog transaction, with the plain write's result or error.
+
+- Input: a FILE, or every regular file directly in a DIR in byte order of their names (`input_files`: hidden
+  names are skipped; a symlink, device, FIFO or socket in DIR is an error, never followed or read; subfolders are
+  not entered). The load means what plain writes of those files, one after another, in one transaction, mean.
+- Each file is cut into byte ranges of about `IOX_BULK_RANGE_BYTES`, each ending just after a LF
+  (`plan_ranges`). A task (`parse_range`, run by a `RangeRunner`: Spark in `spark_jobs/bulk_job.py`) reads its
+  range through `blocks.line_blocks` and the plain write's parser (`write.parse_blocks`: the vectorized path, else
+  `StreamParser`), and writes one ingester chunk per (table, partition) into the load's staging folder
+  `<warehouse>/_bulk/<load id>/`. It writes nothing when its range holds a bad line.
+- The driver (`bulk_write`) registers every chunk in ONE transaction (`write.Staged.transaction`): orders are
+  taken in input order (file, then range, then table and partition), so a later line wins over an earlier one
+  exactly as in the plain streamed write, whose chunks of one partition take rising orders too; each file is
+  moved from staging to `<db id>/<table id>/<partition id>/<uuid>.parquet` just before its row is inserted.
+- Whenever the parallel parse cannot vouch for the exact result (a bad line or UTF-8 error in any range, a range
+  cut inside a string value that spans lines, a column whose type differs between ranges or from the catalog, a
+  file with no point), the load is done again by the plain streamed write, serially, in one transaction: its
+  error (or, for a cut inside a string, its result) is the plain write's by construction. `--accept-partial`
+  takes the same way when a line is bad.
+- A load in flight holds a Postgres advisory lock on its id. `sweep_bulk_loads` (called by persist's
+  `sweep_unreferenced`) removes the staging folder of a load whose lock is free (its driver died) once older than
+  the grace period, and the files its manifest says were moved but that no catalog row names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import stat
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator, Sequence, cast
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlalchemy as sa
+
+from iox_planner.catalog.freshness import record_writes
+from iox_planner.catalog.names import check_db_name
+from iox_planner.catalog.schema import ingester_chunks, parquet_files
+from iox_planner.catalog.store import Catalog
+from iox_planner.config import env_int
+from iox_planner.config import warehouse as default_warehouse
+from iox_planner.errors import BadInputError
+from iox_planner.faults import kill_point
+from iox_planner.ingest import files as storage
+from iox_planner.ingest import write as plain
+from iox_planner.ingest.blocks import line_blocks
+from iox_planner.ingest.lineprotocol import LineError, Limits, Point, Precision, StreamParser
+from iox_planner.ingest.lp_vector import Piece
+from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, ChunkKind, ColumnType
+from iox_planner.timeutil import now_ns, partition_of
+
+STAGING = "_bulk"
+"""The warehouse folder holding bulk loads' staging folders (never a database id: those are digits)."""
+BULK_LOCK = 0x1B0C_10AD
+"""Advisory lock class id: (BULK_LOCK, load key) is held by a load's driver from start to end."""
+DEFAULT_RANGE_BYTES = 64 * 1024 * 1024
+_LOAD_ID = re.compile(r"[0-9a-f]{32}")
+_FINAL_PATH = re.compile(r"[0-9]+/[0-9]+/[0-9]+/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.parquet")
+
+
+def range_bytes() -> int:
+    """`IOX_BULK_RANGE_BYTES`: the size a task's byte range aims at (ranges end at the next LF). A task holds its
+    range's rows in memory, so this bounds a task's memory (about 5x the range for TSBS-like lines)."""
+    return env_int("IOX_BULK_RANGE_BYTES", DEFAULT_RANGE_BYTES, 4096, 1024 * 1024 * 1024)
+
+
+# --- input --------------------------------------------------------------------------------------------------------
+
+
+def input_files(source: str) -> list[Path]:
+    """The files a load reads, in load order: FILE itself, or DIR's regular files sorted by the bytes of their
+    names. Hidden names (a leading dot: editors' swap files, `.DS_Store`) are skipped and subfolders not entered;
+    a symlink, device, FIFO or socket in DIR is refused (it could point outside DIR, or block a read forever)."""
+    if source == "-":
+        raise BadInputError("write --spark reads files, not standard input: give a FILE or a folder")
+    path = Path(source)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise BadInputError(f"cannot read {source}: no such file or folder") from None
+    except PermissionError:
+        raise BadInputError(f"cannot read {source}: permission denied") from None
+    if stat.S_ISREG(st.st_mode):
+        return [path]
+    if not stat.S_ISDIR(st.st_mode):
+        raise BadInputError(f"cannot read {source}: it is neither a regular file nor a folder")
+    found: list[Path] = []
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: os.fsencode(e.name))
+    except PermissionError:
+        raise BadInputError(f"cannot read {source}: permission denied") from None
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        if entry.is_symlink():
+            raise BadInputError(f"{source} holds a symlink, {entry.name!r}: a bulk load reads only regular files "
+                                "of its folder; replace the link by the file or load the file itself")
+        mode = entry.stat(follow_symlinks=False).st_mode
+        if stat.S_ISDIR(mode):
+            continue
+        if not stat.S_ISREG(mode):
+            raise BadInputError(f"{source} holds {entry.name!r}, which is not a regular file (a device, FIFO or "
+                                "socket): remove it from the folder")
+        found.append(Path(entry.path))
+    if not found:
+        raise BadInputError(f"nothing to write: {source} holds no files (hidden files and subfolders are skipped)")
+    return found
+
+
+@dataclass(frozen=True)
+class Range:
+    """Bytes `[start, end)` of one input file; `start` is 0 or just after a LF."""
+
+    file_index: int
+    range_index: int
+    path: str
+    name: str
+    start: int
+    end: int
+
+
+def plan_ranges(paths: Sequence[Path], target: int) -> list[Range]:
+    """Each file cut into ranges of about `target` bytes, each cut just after the first LF at or past the
+    target offset (so a range is whole lines; a file without LF past a cut stays one range)."""
+    ranges: list[Range] = []
+    for fi, path in enumerate(paths):
+        size = path.stat().st_size
+        start, ri = 0, 0
+        with open(path, "rb") as f:
+            while True:
+                cut = size
+                probe = start + target
+                while probe < size:
+                    f.seek(probe)
+                    buf = f.read(64 * 1024)
+                    lf = buf.find(b"\n")
+                    if lf >= 0:
+                        cut = probe + lf + 1
+                        break
+                    probe += len(buf)
+                ranges.append(Range(fi, ri, str(path), str(path), start, cut))
+                if cut >= size:
+                    break
+                start, ri = cut, ri + 1
+    return ranges
+
+
+class _Bounded:
+    """A binary stream over bytes `[start, end)` of an open file."""
+
+    def __init__(self, f: BinaryIO, left: int) -> None:
+        self.f = f
+        self.left = left
+
+    def read(self, n: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        n = self.left if n < 0 else min(n, self.left)
+        data = self.f.read(n)
+        self.left -= len(data)
+        return data
+
+
+# --- the task -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StagedChunk:
+    """One ingester chunk a task wrote into the load's staging folder (`file`, relative to it)."""
+
+    table: str
+    partition: str
+    columns: tuple[tuple[str, str], ...]
+    rows: int
+    min_time: int
+    max_time: int
+    tag_ranges: dict[str, tuple[str, str]]
+    file: str
+    size: int
+
+
+@dataclass(frozen=True)
+class RangeResult:
+    file_index: int
+    range_index: int
+    chunks: tuple[StagedChunk, ...] = ()
+    points: int = 0
+    cpu_seconds: float = 0.0
+    """The task's own CPU time (its worker process's, while parsing and writing): the per-core cost."""
+    problem: str | None = None
+    """Why the parallel result cannot stand (a bad line, ...): the driver redoes the load the plain way."""
+
+
+@dataclass(frozen=True)
+class TaskParams:
+    precision: str
+    default_time: int
+    limits: dict[str, int]
+    staging: str
+
+
+def parse_range(r: Range, params: TaskParams) -> RangeResult:
+    """Parse one range with the plain write's parser and write one chunk per (table, partition) into staging.
+    Runs in a Spark Python worker: no catalog access, the limits and default time come from the driver."""
+    cpu = time.process_time()
+    parser = StreamParser(precision=Precision(params.precision), default_time=params.default_time,
+                          limits=Limits(**params.limits))
+    pending: dict[tuple[str, str], plain._Pending] = {}
+    points = 0
+    try:
+        with open(r.path, "rb") as f:
+            f.seek(r.start)
+            blocks = line_blocks(cast(BinaryIO, _Bounded(f, r.end - r.start)), r.name)
+            for parsed in plain.parse_blocks(blocks, parser):
+                if parser.errors:
+                    return RangeResult(r.file_index, r.range_index, problem="a bad line")
+                for key, columns, table, first, last in _pieces(parsed):
+                    points += table.num_rows
+                    pending.setdefault(key, plain._Pending()).add(columns, table, first, last)
+    except BadInputError as err:  # not UTF-8, too many bad lines: the plain write words it
+        return RangeResult(r.file_index, r.range_index, problem=str(err)[:200])
+    chunks = []
+    for n, key in enumerate(sorted(pending)):
+        columns, data, _ = pending[key].take()
+        if data.num_rows > MAX_WRITE_POSITION + 1:
+            return RangeResult(r.file_index, r.range_index, problem="a range too large for one chunk")
+        name = f"{r.file_index:06d}-{r.range_index:06d}-{n:04d}.parquet"
+        size = storage.write_parquet_atomic(data, Path(params.staging) / name, metadata={"iox.kind": "ingester"})
+        mm = pc.min_max(data[TIME]).as_py()
+        chunks.append(StagedChunk(key[0], key[1], tuple((c, t.value) for c, t in columns.items()), data.num_rows,
+                                  mm["min"], mm["max"], storage.tag_ranges(data, columns), name, size))
+    return RangeResult(r.file_index, r.range_index, tuple(chunks), points, time.process_time() - cpu)
+
+
+def _pieces(parsed: list[Piece] | list[Point]
+            ) -> Iterator[tuple[tuple[str, str], dict[str, ColumnType], pa.Table, int, int]]:
+    """A parsed block as (table, partition) groups in the plain write's Arrow layout."""
+    if parsed and isinstance(parsed[0], Piece):
+        for piece in parsed:
+            yield (piece.measurement, piece.partition), piece.columns, piece.table, piece.first_line, piece.last_line
+        return
+    groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
+    for point in cast(list[Point], parsed):
+        groups[(point.measurement, partition_of(point.time))].append(point)
+    for key, group in groups.items():
+        columns = storage.chunk_columns(group)
+        yield key, columns, storage.points_to_table(group, columns), group[0].line, group[-1].line
+
+
+RangeRunner = Callable[[Sequence[Range], TaskParams], list[RangeResult]]
+"""Runs `parse_range` over every range (one Spark task each) and returns the results."""
+
+
+def local_runner(ranges: Sequence[Range], params: TaskParams) -> list[RangeResult]:
+    """The ranges parsed one after another in this process (tests of the driver without Spark)."""
+    return [parse_range(r, params) for r in ranges]
+
+
+# --- the driver ---------------------------------------------------------------------------------------------------
+
+
+class _PlainWay(Exception):
+    """The parallel result cannot stand: redo the load as plain writes."""
+
+
+@contextlib.contextmanager
+def _load_lock(catalog: Catalog, load_id: str) -> Iterator[None]:
+    """Hold the load's advisory lock (a session lock on a connection of its own) while the load runs: a sweep
+    that can take it knows the load's driver is gone."""
+    key = _lock_key(load_id)
+    with catalog.engine.connect() as conn:
+        conn.execute(sa.select(sa.func.pg_advisory_lock(BULK_LOCK, key)))
+        conn.commit()
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                conn.execute(sa.select(sa.func.pg_advisory_unlock(BULK_LOCK, key)))
+                conn.commit()
+
+
+def _lock_key(load_id: str) -> int:
+    return int(load_id[:8], 16) - (1 << 31)  # a signed int4
+
+
+def bulk_write(
+    catalog: Catalog,
+    db: str,
+    source: str,
+    runner: RangeRunner,
+    *,
+    precision: Precision = Precision.NS,
+    accept_partial: bool = False,
+    progress: Callable[[str], None] = lambda line: None,
+    target_bytes: int | None = None,
+    min_ranges: int = 1,
+    warehouse: Path | None = None,
+) -> plain.WriteResult:
+    """`iox-batch write --spark`: see the module docstring. `min_ranges` (the cluster's parallelism): ranges are
+    made smaller than `IOX_BULK_RANGE_BYTES` when that gives every core a range."""
+    check_db_name(db)
+    precision = Precision(precision)
+    root = warehouse or default_warehouse()
+    paths = input_files(source)
+    size = sum(p.stat().st_size for p in paths)
+    ranges = plan_ranges(paths, max(1, min(target_bytes or range_bytes(), -(-size // max(1, min_ranges)))))
+    total = sum(r.end - r.start for r in ranges)
+    default_time = now_ns()
+    progress(f"bulk load into {db}: {len(paths)} file(s), {total:,} bytes, {len(ranges)} range(s)")
+    load_id = uuid.uuid4().hex
+    staging = root / STAGING / load_id
+    with _load_lock(catalog, load_id):
+        try:
+            for _ in range(3):  # another load may remove an empty `_bulk` between the two mkdirs
+                with contextlib.suppress(FileNotFoundError):
+                    staging.mkdir(parents=True)
+                    break
+            params = TaskParams(precision.value, default_time, asdict(Limits.from_env()), str(staging))
+            started = time.monotonic()
+            results = sorted(runner(ranges, params), key=lambda x: (x.file_index, x.range_index))
+            kill_point("bulk.after_tasks")
+            problem = _why_plain(results, len(paths))
+            if problem is None:
+                progress(f"parsed {sum(x.points for x in results):,} lines in {len(ranges)} task(s) in "
+                         f"{time.monotonic() - started:.1f} s ({sum(x.cpu_seconds for x in results):.1f} task "
+                         "CPU-seconds)")
+                try:
+                    return _register(catalog, db, results, staging, root, progress)
+                except _PlainWay as why:
+                    problem = str(why)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                staging.parent.rmdir()  # only if no other load is staging
+    progress(f"redoing the load as plain writes, serially ({problem}): the plain write's result and errors")
+    return _plain_load(catalog, db, paths, precision, default_time, accept_partial, root)
+
+
+def _why_plain(results: Sequence[RangeResult], files: int) -> str | None:
+    for x in results:
+        if x.problem is not None:
+            return x.problem
+    per_file: dict[int, int] = defaultdict(int)
+    for x in results:
+        per_file[x.file_index] += x.points
+    if any(per_file[i] == 0 for i in range(files)):
+        return "a file with no point"
+    seen: dict[tuple[str, str], str] = {}
+    for x in results:
+        for c in x.chunks:
+            for name, ctype in c.columns:
+                if seen.setdefault((c.table, name), ctype) != ctype:
+                    return f"{c.table}.{name} has two types"
+    return None
+
+
+def _register(catalog: Catalog, db: str, results: Sequence[RangeResult], staging: Path, root: Path,
+              progress: Callable[[str], None]) -> plain.WriteResult:
+    chunks = [c for x in results for c in x.chunks]
+    staged = plain.Staged(root)
+    written: list[plain.WrittenChunk] = []
+    with staged.transaction(catalog) as conn:
+        db_id = catalog.ensure_database(conn, db)
+        catalog.lock_orders(conn, db_id)
+        known = catalog.table_ids(conn, db_id)
+        for c in chunks:
+            if c.table in known:
+                current = catalog.table_columns(conn, known[c.table])
+                if any(name in current and current[name].value != ctype for name, ctype in c.columns):
+                    raise _PlainWay(f"{c.table} conflicts with the catalog's columns")
+        # Input order: a later range or file of the same partition gets a higher order, as in a plain write.
+        orders = catalog.next_orders(conn, db_id, len(chunks)) if chunks else []
+        moves: list[tuple[Path, str]] = []
+        for c in chunks:
+            table_id = catalog.ensure_table(conn, db_id, c.table)
+            columns = {name: ColumnType(ctype) for name, ctype in c.columns}
+            catalog.add_columns(conn, table_id, columns)
+            partition_id = catalog.ensure_partition(conn, table_id, c.partition)
+            moves.append((staging / c.file, plain.chunk_path(db_id, table_id, partition_id)))
+        # The manifest first: a sweep after a crash from here on knows which moved files were this load's.
+        manifest = staging / "manifest.json"
+        manifest.write_text(json.dumps([rel for _, rel in moves]))
+        for c, order, (src, rel) in zip(chunks, orders, moves):
+            dest = root / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            staged.paths.append(dest)
+            os.replace(src, dest)
+            columns = {name: ColumnType(ctype) for name, ctype in c.columns}
+            table_id, partition_id = (int(p) for p in rel.split("/")[1:3])
+            chunk_id = catalog.insert_chunk(conn, ChunkKind.INGESTER, dict(
+                object_id=dest.stem, label=None, table_id=table_id, partition_id=partition_id,
+                store=LOCAL_STORE, path=rel, min_time=c.min_time, max_time=c.max_time, row_count=c.rows,
+                file_size=c.size, column_names=list(storage.column_layout(columns)),
+                tag_ranges={k: list(v) for k, v in c.tag_ranges.items()}, chunk_order=order))
+            written.append(plain.WrittenChunk(f"I{chunk_id}", c.table, c.partition, c.rows, order, c.min_time,
+                                              c.max_time))
+        record_writes(conn, db_id, [w.event() for w in written], orders=[w.order for w in written], source="write")
+        kill_point("bulk.before_commit")
+    progress(f"registered {len(written)} chunk(s), {sum(w.rows for w in written):,} rows, in one transaction")
+    return plain.WriteResult(tuple(written))
+
+
+def _plain_load(catalog: Catalog, db: str, paths: Sequence[Path], precision: Precision, default_time: int,
+                accept_partial: bool, root: Path) -> plain.WriteResult:
+    """The load as plain streamed writes of each file in order, in one transaction (all or nothing)."""
+    staged = plain.Staged(root)
+    chunks: list[plain.WrittenChunk] = []
+    rejected: list[LineError] = []
+    limit = plain.write_chunk_rows()
+    with staged.transaction(catalog) as conn:
+        for path in paths:
+            parser = StreamParser(precision=precision, default_time=default_time)
+            with open(path, "rb") as f:
+                result = plain._write_blocks(catalog, conn, staged, db, line_blocks(f, str(path)), parser,
+                                             accept_partial, str(path), limit)
+            chunks.extend(result.chunks)
+            rejected.extend(result.rejected)
+        kill_point("write.before_commit")
+    return plain.WriteResult(tuple(chunks), tuple(rejected))
+
+
+# --- the sweep ----------------------------------------------------------------------------------------------------
+
+
+def sweep_bulk_loads(catalog: Catalog, root: Path, grace_seconds: float) -> list[str]:
+    """Remove what dead bulk loads left: a staging folder untouched for `grace_seconds` whose load lock is free
+    (its driver is gone), with every file its manifest names that no catalog row names. Returns the removed
+    load ids. A live load holds its lock, so it is never touched however long it runs."""
+    base = root / STAGING
+    if not base.is_dir() or base.is_symlink():
+        return []
+    cutoff = time.time() - grace_seconds
+    removed = []
+    for entry in base.iterdir():
+        if not _LOAD_ID.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
+            continue
+        if _newest_mtime(entry) > cutoff:
+            continue
+        key = _lock_key(entry.name)
+        with catalog.engine.connect() as conn:
+            if not conn.execute(sa.select(sa.func.pg_try_advisory_lock(BULK_LOCK, key))).scalar():
+                continue  # the load is running
+            try:
+                for rel in _manifest(entry):
+                    with catalog.engine.connect() as check:
+                        named = any(check.execute(sa.select(ct.c.id).where(ct.c.path == rel).limit(1)).first()
+                                    for ct in (parquet_files, ingester_chunks))
+                    if not named:
+                        (root / rel).unlink(missing_ok=True)
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry.name)
+            finally:
+                conn.execute(sa.select(sa.func.pg_advisory_unlock(BULK_LOCK, key)))
+                conn.commit()
+    return removed
+
+
+def _newest_mtime(folder: Path) -> float:
+    newest = folder.lstat().st_mtime
+    for child in folder.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            newest = max(newest, child.lstat().st_mtime)
+    return newest
+
+
+def _manifest(folder: Path) -> list[str]:
+    """The final paths a load moved its files to; only well-formed chunk paths (the file is the load's own, but
+    a path from it must never reach outside the warehouse's chunk layout)."""
+    try:
+        names = json.loads((folder / "manifest.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return []
+    if not isinstance(names, list):
+        return []
+    return [n for n in names if isinstance(n, str) and _FINAL_PATH.fullmatch(n)]
+
