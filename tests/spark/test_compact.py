@@ -384,3 +384,53 @@ def test_a_commit_whose_connection_drops_keeps_the_outputs(spark: Any, catalog: 
     assert {c["compaction_level"] for c in live} == {1}
     assert all((warehouse / c["path"]).is_file() for c in live)
     assert _rows(spark, catalog, db) == before
+
+
+def test_a_lost_lock_session_makes_the_swap_skip_not_name_swept_files(spark: Any, catalog: Catalog, db: str,
+                                                                      warehouse: Path) -> None:
+    """The session holding the partition's compaction lock dies during the Spark job (here killed by
+    `pg_terminate_backend`): Postgres drops the lock, and a persist's sweep takes it and deletes the staged outputs
+    as strays. The swap must then register nothing: rows naming the swept files would be live rows naming missing
+    files, and the inputs they retire would go after the grace period (lost data)."""
+    from iox_planner.catalog.store import COMPACTION_LOCK
+    from iox_planner.ingest.persist import sweep_compaction_strays
+
+    load(catalog, db, [{"id": "F1", "kind": "parquet", "lines": f"m,t=a f=1 {T0}\nm,t=b f=2 {T0 + S}"},
+                       {"id": "F2", "kind": "parquet", "lines": f"m,t=a f=3 {T0}"}])
+    before = _rows(spark, catalog, db)
+    labels = _live_labels(catalog, db)
+    (partition_id,) = {c["partition_id"] for c in live_chunks(catalog, db)}
+    (folder,) = {(warehouse / c["path"]).parent for c in live_chunks(catalog, db)}
+    key = COMPACTION_LOCK + partition_id
+    swept: list[int] = []
+
+    def lose_the_lock_then_sweep() -> None:
+        with catalog.engine.connect() as conn:
+            holder = conn.execute(sa.text(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid::bigint = :hi "
+                "AND objid::bigint = :lo").bindparams(hi=key >> 32, lo=key & 0xFFFF_FFFF)).scalar_one()
+            assert conn.execute(sa.text("SELECT pg_terminate_backend(:p, 10000)").bindparams(p=holder)).scalar()
+        staged = [p for p in folder.glob("*.compacted.parquet")]
+        assert staged
+        swept.append(sweep_compaction_strays(catalog, warehouse, [partition_id]))
+        assert not [p for p in staged if p.exists()]
+
+    failure: Exception | None = None
+    try:
+        report = compact(catalog, db, spark_slice_runner(spark), warehouse=warehouse, settings=CompactSettings(),
+                         after_slices=lose_the_lock_then_sweep)
+    except Exception as err:  # noqa: BLE001 - the catalog's state is checked first, then the outcome
+        failure = err
+    assert swept and swept[0] >= 1, "the sweep did not find the staged outputs: the scenario did not happen"
+    live = live_chunks(catalog, db)
+    assert [c["path"] for c in live if not (warehouse / c["path"]).is_file()] == [], "live rows name missing files"
+    assert _live_labels(catalog, db) == labels
+    assert failure is None, failure
+    assert not report.compacted and "compaction lock" in (report.outcomes[0].skipped or ""), report.outcomes
+    assert _rows(spark, catalog, db) == before
+    # A rerun, with a live session, does the work.
+    assert compact(catalog, db, spark_slice_runner(spark), warehouse=warehouse,
+                   settings=CompactSettings()).totals()["partitions"] == 1
+    live = live_chunks(catalog, db)
+    assert {c["compaction_level"] for c in live} == {1} and all((warehouse / c["path"]).is_file() for c in live)
+    assert _rows(spark, catalog, db) == before
