@@ -288,6 +288,38 @@ def test_cli_compacts_and_reports(spark: Any, catalog: Catalog, db: str) -> None
     assert " L1 " in shown and " L0 " not in shown
 
 
+def test_cli_compacts_through_the_spark_submit_job(spark: Any, catalog: Catalog, db: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """IOX_RUNNER=spark-submit: the CLI runs `spark_jobs/run_compact.py --db --table --partition` and prints the
+    summary from the job's report. Here the command's own arguments run in this process (a spark-submit costs a JVM
+    start; the `iox_compact` DAG's test runs the same job through a real one)."""
+    from iox_planner.cli import runner
+    from iox_planner.errors import IoxError
+    from iox_planner.sparkconf import jobs_dir
+    from spark_jobs import run_compact
+
+    commands: list[list[str]] = []
+
+    def submit_here(command: list[str], what: str = "spark-submit") -> None:
+        commands.append(command)
+        args = command[command.index(str(jobs_dir() / "run_compact.py")) + 1:]
+        if run_compact.main(args) != 0:
+            raise IoxError("run_compact.py failed")
+
+    monkeypatch.setattr(runner, "run_submit", submit_here)
+    monkeypatch.setenv("IOX_RUNNER", "spark-submit")
+    load(catalog, db, [{"id": "A", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {T0}\nm,t=b f=1 {T0}"},
+                       {"id": "B", "kind": "parquet", "order": 2, "lines": f"m,t=a f=2 {T0}"}])
+    assert "does not exist" in cli("compact", "--db", db, "--table", "nope").stderr and not commands
+    result = cli("compact", "--db", db, "--table", "m", "--partition", "2024-01-01")
+    assert result.returncode == 0, result.stderr
+    assert commands and commands[0][-6:] == ["--db", db, "--table", "m", "--partition", "2024-01-01"]
+    assert ("compacted 1 partition(s): 2 file(s) in, 1 out; 3 rows in, 2 out; 1 duplicates removed"
+            in result.stdout), result.stdout
+    assert "m 2024-01-01: L1: 2 file(s), 3 rows -> 1 file(s), 2 rows" in result.stderr
+    assert [c["compaction_level"] for c in live_chunks(catalog, db)] == [1]
+
+
 def test_cli_errors_are_one_paragraph(catalog: Catalog, db: str) -> None:
     load(catalog, db, [{"id": "A", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {T0}"}])
     for args, needle in ((["--table", "nope"], "does not exist"), (["--partition", "2024-1-1"], "YYYY-MM-DD")):
