@@ -1,8 +1,10 @@
-"""spark-submit entry point of a compaction batch (the `iox_compact` DAG's mapped task).
+"""spark-submit entry point of a compaction batch (the `iox_compact` DAG's mapped task) or of `iox-batch compact`
+under `IOX_RUNNER=spark-submit`.
 
     spark-submit run_compact.py --metrics REPORT.json --target DB=PARTITION_ID,PARTITION_ID ... [--target ...]
+    spark-submit run_compact.py --metrics REPORT.json --db DB [--table TABLE] [--partition YYYY-MM-DD]
 
-Compacts the listed partitions of each database (`ingest/compact.py`: each partition's compaction lock, one Spark
+Compacts the listed partitions of each database (or whatever of one database, table or partition needs it) (`ingest/compact.py`: each partition's compaction lock, one Spark
 job for all slices of a database, one catalog transaction per partition) and writes the run's report (partitions,
 files and rows in and out, duplicates removed, each partition's outcome) as JSON at `--metrics`, written aside and
 renamed. Exit status 0 on success; on failure a one-paragraph `error: ...` on standard error and status 1, with
@@ -36,8 +38,13 @@ def parse_target(text: str) -> tuple[str, list[int]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="run_compact.py")
     parser.add_argument("--metrics", required=True)
-    parser.add_argument("--target", action="append", required=True)
+    parser.add_argument("--target", action="append")
+    parser.add_argument("--db")
+    parser.add_argument("--table")
+    parser.add_argument("--partition")
     args = parser.parse_args(argv)
+    if bool(args.target) == bool(args.db) or (args.target and (args.table or args.partition)):
+        parser.error("give either --target DB=PARTITION_ID[,...] (repeatable) or --db DB [--table] [--partition]")
     from iox_planner.errors import IoxError, clip_message
 
     try:
@@ -53,7 +60,12 @@ def run(args: argparse.Namespace) -> int:
     from spark_jobs.compact_job import spark_slice_runner
     from spark_jobs.session import build_session
 
-    targets = [parse_target(t) for t in args.target]
+    targets: list[tuple[str, list[int] | None]] = (
+        [(args.db, None)] if args.db else [parse_target(t) for t in args.target])
+    if args.db:
+        from iox_planner.catalog.names import check_db_name
+
+        check_db_name(args.db)
     # A report left by an earlier try of this batch (a cleared task) must not stand for this one if it fails.
     Path(args.metrics).unlink(missing_ok=True)
     catalog = Catalog()
@@ -62,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
     total = Report()
     try:
         for db, pids in targets:
-            report = compact(catalog, db, spark_slice_runner(spark), only=pids,
-                             progress=lambda line, db=db: print(f"{db}: {line}", file=sys.stderr))
+            report = compact(catalog, db, spark_slice_runner(spark), only=pids, table=args.table,
+                             partition=args.partition,
+                             progress=lambda line, db=db: print(f"{db}: {line}", file=sys.stderr, flush=True))
             total.outcomes.extend(report.outcomes)
     finally:
         catalog.dispose()

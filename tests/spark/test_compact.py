@@ -288,6 +288,38 @@ def test_cli_compacts_and_reports(spark: Any, catalog: Catalog, db: str) -> None
     assert " L1 " in shown and " L0 " not in shown
 
 
+def test_cli_compacts_through_the_spark_submit_job(spark: Any, catalog: Catalog, db: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """IOX_RUNNER=spark-submit: the CLI runs `spark_jobs/run_compact.py --db --table --partition` and prints the
+    summary from the job's report. Here the command's own arguments run in this process (a spark-submit costs a JVM
+    start; the `iox_compact` DAG's test runs the same job through a real one)."""
+    from iox_planner.cli import runner
+    from iox_planner.errors import IoxError
+    from iox_planner.sparkconf import jobs_dir
+    from spark_jobs import run_compact
+
+    commands: list[list[str]] = []
+
+    def submit_here(command: list[str], what: str = "spark-submit") -> None:
+        commands.append(command)
+        args = command[command.index(str(jobs_dir() / "run_compact.py")) + 1:]
+        if run_compact.main(args) != 0:
+            raise IoxError("run_compact.py failed")
+
+    monkeypatch.setattr(runner, "run_submit", submit_here)
+    monkeypatch.setenv("IOX_RUNNER", "spark-submit")
+    load(catalog, db, [{"id": "A", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {T0}\nm,t=b f=1 {T0}"},
+                       {"id": "B", "kind": "parquet", "order": 2, "lines": f"m,t=a f=2 {T0}"}])
+    assert "does not exist" in cli("compact", "--db", db, "--table", "nope").stderr and not commands
+    result = cli("compact", "--db", db, "--table", "m", "--partition", "2024-01-01")
+    assert result.returncode == 0, result.stderr
+    assert commands and commands[0][-6:] == ["--db", db, "--table", "m", "--partition", "2024-01-01"]
+    assert ("compacted 1 partition(s): 2 file(s) in, 1 out; 3 rows in, 2 out; 1 duplicates removed"
+            in result.stdout), result.stdout
+    assert "m 2024-01-01: L1: 2 file(s), 3 rows -> 1 file(s), 2 rows" in result.stderr
+    assert [c["compaction_level"] for c in live_chunks(catalog, db)] == [1]
+
+
 def test_cli_errors_are_one_paragraph(catalog: Catalog, db: str) -> None:
     load(catalog, db, [{"id": "A", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {T0}"}])
     for args, needle in ((["--table", "nope"], "does not exist"), (["--partition", "2024-1-1"], "YYYY-MM-DD")):
@@ -383,4 +415,48 @@ def test_a_commit_whose_connection_drops_keeps_the_outputs(spark: Any, catalog: 
     live = live_chunks(catalog, db)
     assert {c["compaction_level"] for c in live} == {1}
     assert all((warehouse / c["path"]).is_file() for c in live)
+    assert _rows(spark, catalog, db) == before
+
+
+def test_a_lost_lock_session_makes_the_swap_skip_not_name_swept_files(spark: Any, catalog: Catalog, db: str,
+                                                                      warehouse: Path) -> None:
+    """The session holding the partition's compaction lock dies during the Spark job (here killed by
+    `pg_terminate_backend`): Postgres drops the lock, and a persist's sweep takes it and deletes the staged outputs
+    as strays. The swap must then register nothing: rows naming the swept files would be live rows naming missing
+    files, and the inputs they retire would go after the grace period (lost data)."""
+    from iox_planner.catalog.store import COMPACTION_LOCK
+    from iox_planner.ingest.persist import sweep_compaction_strays
+
+    load(catalog, db, [{"id": "F1", "kind": "parquet", "lines": f"m,t=a f=1 {T0}\nm,t=b f=2 {T0 + S}"},
+                       {"id": "F2", "kind": "parquet", "lines": f"m,t=a f=3 {T0}"}])
+    before = _rows(spark, catalog, db)
+    labels = _live_labels(catalog, db)
+    (partition_id,) = {c["partition_id"] for c in live_chunks(catalog, db)}
+    (folder,) = {(warehouse / c["path"]).parent for c in live_chunks(catalog, db)}
+    key = COMPACTION_LOCK + partition_id
+    swept: list[int] = []
+
+    def lose_the_lock_then_sweep() -> None:
+        with catalog.engine.connect() as conn:
+            holder = conn.execute(sa.text(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid::bigint = :hi "
+                "AND objid::bigint = :lo").bindparams(hi=key >> 32, lo=key & 0xFFFF_FFFF)).scalar_one()
+            assert conn.execute(sa.text("SELECT pg_terminate_backend(:p, 10000)").bindparams(p=holder)).scalar()
+        staged = [p for p in folder.glob("*.compacted.parquet")]
+        assert staged
+        swept.append(sweep_compaction_strays(catalog, warehouse, [partition_id]))
+        assert not [p for p in staged if p.exists()]
+
+    failure: Exception | None = None
+    try:
+        report = compact(catalog, db, spark_slice_runner(spark), warehouse=warehouse, settings=CompactSettings(),
+                         after_slices=lose_the_lock_then_sweep)
+    except Exception as err:  # noqa: BLE001 - the catalog's state is checked first, then the outcome
+        failure = err
+    assert swept and swept[0] >= 1, "the sweep did not find the staged outputs: the scenario did not happen"
+    live = live_chunks(catalog, db)
+    assert [c["path"] for c in live if not (warehouse / c["path"]).is_file()] == [], "live rows name missing files"
+    assert _live_labels(catalog, db) == labels
+    assert failure is None, failure
+    assert not report.compacted and "compaction lock" in (report.outcomes[0].skipped or ""), report.outcomes
     assert _rows(spark, catalog, db) == before

@@ -85,12 +85,16 @@ def test_killed_compaction_then_rerun(spark: Any, catalog: Catalog, db: str, war
     before_rows = _rows(spark, catalog, db)
     before = _state(catalog, db)
     point = "after-slices" if kill % 2 == 0 else "random"
+    moment = "after the Spark job, before the swap"
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, db, point], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, env=os.environ.copy())
     if point == "random":
         # Somewhere in start-up, planning, the Spark job or the swap (a whole run takes 10 to 40 s here).
+        wait = rng.uniform(2.0, 30.0)
+        moment = f"{wait:.1f} s after start"
         try:
-            proc.wait(timeout=rng.uniform(2.0, 30.0))
+            proc.wait(timeout=wait)
+            moment += " (it had finished)"
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
     out, err = proc.communicate(timeout=600)
@@ -105,6 +109,8 @@ def test_killed_compaction_then_rerun(spark: Any, catalog: Catalog, db: str, war
         assert not finished and after == before
         on_disk, named = _partition_files(catalog, db, warehouse)
         assert [p for p in on_disk - named if p.endswith(".compacted.parquet")], "the kill left no staged output"
+    on_disk, named = _partition_files(catalog, db, warehouse)
+    strays = len(on_disk - named)
     # The rerun finishes the work and sweeps the killed run's strays (no other compactor runs: the lock is free).
     compact(catalog, db, spark_slice_runner(spark), warehouse=warehouse, settings=CompactSettings(max_rows=40))
     final = _state(catalog, db)
@@ -112,3 +118,5 @@ def test_killed_compaction_then_rerun(spark: Any, catalog: Catalog, db: str, war
     assert _rows(spark, catalog, db) == before_rows
     on_disk, named = _partition_files(catalog, db, warehouse)
     assert on_disk == named, on_disk ^ named
+    print(f"kill {kill}: {moment}; catalog {'swapped' if after != before else 'as before'}; rows equal; "
+          f"{strays} stray file(s) left by the kill, swept by the rerun, which compacted")

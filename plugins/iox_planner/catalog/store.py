@@ -210,6 +210,19 @@ class Catalog:
     def unlock_compaction(self, conn: Connection, partition_id: int) -> None:
         conn.execute(sa.select(sa.func.pg_advisory_unlock(COMPACTION_LOCK + partition_id)))
 
+    def backend_pid(self, conn: Connection) -> int:
+        """The Postgres backend (session) serving `conn`: a connection that dropped and reconnected has another."""
+        return int(conn.execute(sa.select(sa.func.pg_backend_pid())).scalar_one())
+
+    def holds_compaction_lock(self, conn: Connection, partition_id: int) -> bool:
+        """Whether the session of `conn` holds the partition's compaction lock now. Postgres shows a bigint
+        advisory key as its high half in `classid`, its low half in `objid`, with `objsubid` 1."""
+        key = COMPACTION_LOCK + partition_id
+        return conn.execute(sa.text(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND pid = pg_backend_pid() AND classid::bigint = :hi AND objid::bigint = :lo AND objsubid = 1)"
+        ).bindparams(hi=key >> 32, lo=key & 0xFFFF_FFFF)).scalar_one() is True
+
     def compaction_candidates(self, conn: Connection, db_id: int, *, table: str | None = None,
                               partition: str | None = None) -> list[int]:
         """Partitions that may need compaction: one live L0 file or more, or two live L1 files or more (the plan

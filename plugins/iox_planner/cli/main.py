@@ -104,16 +104,28 @@ def cmd_compact(args: argparse.Namespace) -> int:
             out.print("nothing to compact")
         out.print("dry run: nothing was changed")
         return 0
-    from iox_planner.cli.runner import session
-    from spark_jobs.compact_job import spark_slice_runner
+    from iox_planner.cli import runner
+    from iox_planner.ingest.compact import check_target, report_dict
 
-    report = compact(catalog, args.db, spark_slice_runner(session()), table=args.table, partition=args.partition,
-                     settings=settings, progress=lambda line: err.print(line, markup=False))
-    for o in report.outcomes:
-        if o.skipped is not None:
-            out.print(f"{o.table} {o.partition}: {o.skipped}", markup=False)
-    t = report.totals()
-    if not report.outcomes:
+    if runner.compacting_in_spark_submit():
+        with catalog.engine.connect() as conn:  # unknown names fail here, before a Spark job starts
+            check_target(catalog, conn, args.db, args.table, args.partition)
+        err.print("compacting through spark-submit", markup=False)
+        t = runner.compact_spark_submit(args.db, args.table, args.partition)
+        for o in t["outcomes"]:
+            if o["skipped"] is None:
+                err.print(f"{o['table']} {o['partition']}: L{o['level']}: {o['files_in']} file(s), "
+                          f"{o['rows_in']:,} rows -> {o['files_out']} file(s), {o['rows_out']:,} rows", markup=False)
+    else:
+        from spark_jobs.compact_job import spark_slice_runner
+
+        t = report_dict(compact(catalog, args.db, spark_slice_runner(runner.session()), table=args.table,
+                                partition=args.partition, settings=settings,
+                                progress=lambda line: err.print(line, markup=False)))
+    for o in t["outcomes"]:
+        if o["skipped"] is not None:
+            out.print(f"{o['table']} {o['partition']}: {o['skipped']}", markup=False)
+    if not t["outcomes"]:
         out.print("nothing to compact")
     else:
         out.print(f"compacted {t['partitions']} partition(s): {t['files_in']} file(s) in, {t['files_out']} out; "

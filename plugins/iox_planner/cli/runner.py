@@ -89,6 +89,26 @@ def print_result(table: Any, fmt: OutputFormat, stdout: TextIO) -> int:
     return int(table.num_rows)
 
 
+def compact_spark_submit(db: str, table: str | None, partition: str | None) -> dict[str, Any]:
+    """`iox-batch compact` through spark-submit (`spark_jobs/run_compact.py`, the job the `iox_compact` DAG runs):
+    its report (`compact.report_dict`), read from the file the job writes."""
+    import json
+
+    args = ["--db", db]
+    if table is not None:
+        args += ["--table", table]
+    if partition is not None:
+        args += ["--partition", partition]
+    with tempfile.TemporaryDirectory(prefix="iox-compact-") as tmp:
+        report = Path(tmp) / "report.json"
+        run_submit(spark_submit_command("run_compact.py", ["--metrics", str(report), *args]))
+        return dict(json.loads(report.read_text()))
+
+
+def compacting_in_spark_submit() -> bool:
+    return os.environ.get("IOX_RUNNER", "in-process") == "spark-submit"
+
+
 def run(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO) -> int:
     if fmt is OutputFormat.PARQUET and output is None:
         raise BadInputError("parquet output is a folder: give --output PATH")

@@ -14,8 +14,9 @@ into the compaction, such an ingester chunk (persist's job, never ours) makes th
 
 Atomicity: one partition's outputs are staged as `<uuid>.compacted.parquet` files, then ONE transaction re-checks
 that the inputs are still live and nothing misordered appeared, registers the outputs and retires the inputs (the
-grace period keeps them readable for queries planned before). Otherwise nothing is registered and the staged
-outputs are deleted. A killed compaction leaves strays only, swept under the partition's compaction lock by the
+grace period keeps them readable for queries planned before). That transaction runs in the session holding the
+partition's compaction lock and first checks it still does: the lock is what keeps the stray sweep off the staged
+outputs. Otherwise nothing is registered and the staged outputs are deleted. A killed compaction leaves strays only, swept under the partition's compaction lock by the
 next compaction or persist (`persist.sweep_compaction_strays`).
 """
 
@@ -238,15 +239,19 @@ def slice_tasks(plan: PartitionPlan) -> list[SliceTask]:
 
 def compact_slice(task: SliceTask, root: str) -> SliceResult:
     """Read each input's rows of `[lo, hi]` (a Parquet filter, not the whole file), merge them with the one Arrow
-    IOx dedup, sort on the sort key and write the output aside, then into place. An empty slice writes nothing."""
+    IOx dedup, sort on the sort key and write the output aside, then into place. An empty slice writes nothing.
+    Tags are read dictionary encoded, as Parquet stores them: the merge then sorts and moves integer indices, not
+    strings (a third less time for the merge of a TSBS slice)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     columns = {n: ColumnType(t) for n, t in task.columns}
+    tags = [n for n, t in columns.items() if t is ColumnType.TAG]
     parts = []
     rows_in = 0
     for path, order in task.inputs:
-        table = pq.read_table(Path(root) / path, filters=[(TIME, ">=", task.lo), (TIME, "<=", task.hi)])
+        table = pq.read_table(Path(root) / path, filters=[(TIME, ">=", task.lo), (TIME, "<=", task.hi)],
+                              read_dictionary=tags)
         rows_in += table.num_rows
         parts.append((order, table))
     # The sort key holds every tag and time (output_sort_key): the dedup's output is already sorted on it.
@@ -280,14 +285,27 @@ class Outcome:
         return self.rows_in - self.rows_out
 
 
-def swap(catalog: Catalog, plan: PartitionPlan, results: Sequence[SliceResult], root: Path) -> Outcome:
-    """Register the outputs and retire the inputs in ONE transaction, after re-checking under the partition's row
-    lock (persist's lock: no persist of this partition runs meanwhile) that every input is still live and that no
-    chunk now outside the compaction sits in the order trap. On a failed check nothing is registered and the
-    staged outputs are deleted."""
+def swap(catalog: Catalog, conn: sa.Connection, session: int, plan: PartitionPlan, results: Sequence[SliceResult],
+         root: Path) -> Outcome:
+    """Register the outputs and retire the inputs in ONE transaction on `conn`, the connection whose session
+    `session` took the partition's compaction lock, after re-checking:
+
+    - that this very session still holds the lock. The staged outputs are only safe from the stray sweep while it
+      does: had the session died during the Spark job (Postgres then drops its locks), a persist could have taken
+      the lock and swept them, and rows naming them would be live rows naming missing files. Checked inside the
+      transaction, it holds until the COMMIT (the lock goes only with the session, and a session that dies before
+      its COMMIT commits nothing);
+    - under the partition's row lock (persist's lock: no persist of this partition runs meanwhile), that every
+      input is still live and that no chunk now outside the compaction sits in the order trap;
+    - that every output file is in place, last thing before the COMMIT.
+
+    On a failed check nothing is registered and the staged outputs are deleted."""
     written = [r for r in results if r.rows_out > 0]
     try:
-        with _rollback_only(catalog) as conn:
+        with _rollback_only(conn):
+            if catalog.backend_pid(conn) != session or not catalog.holds_compaction_lock(conn, plan.partition_id):
+                raise _Changed("the catalog session holding the partition's compaction lock was lost during the "
+                               "Spark job, so its staged outputs may have been swept")
             catalog.lock_partition(conn, plan.partition_id)
             live = catalog.chunk_rows(conn, plan.db_id, partition_id=plan.partition_id)
             live_files = {c.id for c in live if c.kind is ChunkKind.PARQUET}
@@ -312,6 +330,9 @@ def swap(catalog: Catalog, plan: PartitionPlan, results: Sequence[SliceResult], 
                     sort_key=[c for c in plan.sort_key if c in plan.columns], compaction_level=plan.level,
                 ))
             catalog.retire_chunks(conn, ChunkKind.PARQUET, [c.id for c in plan.inputs])
+            missing = [r.output for r in written if not (root / r.output).is_file()]
+            if missing:
+                raise _Changed(f"staged output {missing[0]} is missing")
     except _Changed as changed:
         _remove(root, results)
         return Outcome(plan.table, plan.partition, plan.level, len(plan.inputs), 0, plan.rows_in, 0,
@@ -320,6 +341,15 @@ def swap(catalog: Catalog, plan: PartitionPlan, results: Sequence[SliceResult], 
         raise CatalogUnavailableError(
             f"the catalog connection failed while committing the compaction of {plan.table} {plan.partition}; "
             "it either committed whole or changed nothing, and rerunning compact is safe") from failed
+    except sa.exc.DBAPIError as err:
+        _remove(root, results)
+        if not err.connection_invalidated:
+            raise
+        # The connection dropped before the COMMIT was sent: nothing committed. Every later swap of this run finds
+        # the reconnected session without the lock and skips the same way.
+        return Outcome(plan.table, plan.partition, plan.level, len(plan.inputs), 0, plan.rows_in, 0,
+                       skipped="skipped: the catalog connection holding the partition's compaction lock dropped; "
+                               "nothing was changed, a later run will retry")
     except BaseException:
         _remove(root, results)
         raise
@@ -336,23 +366,22 @@ class _CommitFailed(Exception):
 
 
 @contextlib.contextmanager
-def _rollback_only(catalog: Catalog) -> Iterator[sa.Connection]:
-    """A transaction whose failure BEFORE the commit propagates as is (the caller removes the staged outputs),
-    while a failing COMMIT raises `_CommitFailed`: Postgres may have committed before the connection dropped, and
-    a file a committed row names must never go. If it did not commit, the outputs are strays, which the next
-    compaction or persist sweeps under the partition's lock (`persist.sweep_compaction_strays`)."""
-    with catalog.engine.connect() as conn:
-        trans = conn.begin()
-        try:
-            yield conn
-        except BaseException:
-            with contextlib.suppress(Exception):  # a dead connection cannot roll back
-                trans.rollback()
-            raise
-        try:
-            trans.commit()
-        except Exception as err:
-            raise _CommitFailed(str(err)) from err
+def _rollback_only(conn: sa.Connection) -> Iterator[None]:
+    """A transaction on `conn` whose failure BEFORE the commit propagates as is (the caller removes the staged
+    outputs), while a failing COMMIT raises `_CommitFailed`: Postgres may have committed before the connection
+    dropped, and a file a committed row names must never go. If it did not commit, the outputs are strays, which
+    the next compaction or persist sweeps under the partition's lock (`persist.sweep_compaction_strays`)."""
+    trans = conn.begin()
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):  # a dead connection cannot roll back
+            trans.rollback()
+        raise
+    try:
+        trans.commit()
+    except Exception as err:
+        raise _CommitFailed(str(err)) from err
 
 
 def _remove(root: Path, results: Sequence[SliceResult]) -> None:
@@ -459,6 +488,7 @@ def compact(
         wanted = find_work(catalog, lock_conn, db_id, settings, table=table, partition=partition, only=only)
         lock_conn.commit()
         locked: list[int] = []
+        session = catalog.backend_pid(lock_conn)
         try:
             for item in wanted:
                 if isinstance(item, Skip):
@@ -504,16 +534,21 @@ def compact(
             for r in results:
                 by_partition.setdefault(r.partition_id, []).append(r)
             for i, p in enumerate(plans):
-                outcome = swap(catalog, p, by_partition.get(p.partition_id, []), root)
+                outcome = swap(catalog, lock_conn, session, p, by_partition.get(p.partition_id, []), root)
                 report.outcomes.append(outcome)
                 what = outcome.skipped or (
                     f"L{p.level}: {outcome.files_in} file(s), {outcome.rows_in:,} rows -> {outcome.files_out} "
                     f"file(s), {outcome.rows_out:,} rows ({outcome.duplicates_removed:,} duplicates removed)")
                 say(f"[{i + 1}/{len(plans)}] {p.table} {p.partition}: {what}")
         finally:
-            for pid in locked:
-                catalog.unlock_compaction(lock_conn, pid)
-            lock_conn.commit()
+            # A session that died released its locks with it; its connection may not answer (or reconnect without
+            # them): the unlock must not hide the run's own error.
+            with contextlib.suppress(sa.exc.DBAPIError, sa.exc.InvalidRequestError):
+                if lock_conn.in_transaction():
+                    lock_conn.rollback()
+                for pid in locked:
+                    catalog.unlock_compaction(lock_conn, pid)
+                lock_conn.commit()
     return report
 
 

@@ -96,10 +96,17 @@ def deduplicate_table(table: pa.Table, keys: Sequence[str], order: np.ndarray) -
     columns: dict[str, pa.Array | pa.ChunkedArray] = {}
     key_set = set(keys)
     take_first = pa.array(idx[first])
+    take_last = None
     for name in table.column_names:
         column = table[name]
         if name in key_set:
             columns[name] = column.take(take_first)
+            continue
+        if column.null_count == 0:
+            # No NULLs: a group's last non-null value is its last row's (rows sorted by write order inside a key).
+            if take_last is None:
+                take_last = pa.array(idx[ends])
+            columns[name] = column.take(take_last)
             continue
         valid = column.is_valid()
         valid_np = (valid.to_numpy(zero_copy_only=False) if not isinstance(valid, pa.ChunkedArray)

@@ -114,7 +114,9 @@ def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, Col
                 sort_key: Sequence[str] | None = None) -> pa.Table:
     """IOx deduplication of `(chunk order, table)` parts: one row per primary key (tags + time, NULL tag equals
     NULL tag); every other column takes its last non-null value by chunk order, then write position (`__seq`).
-    Parts may lack columns; the result has all of `columns` and no `__seq`. The merge itself is THE one Arrow
+    Parts may lack columns; the result has all of `columns` and no `__seq`. Tags a part holds dictionary encoded (as
+    `read_dictionary` reads them) stay so through the merge, which then compares integers and moves indices; the
+    result has plain strings as `arrow_schema` says. The merge itself is THE one Arrow
     dedup, `dedup.deduplicate_table` (the Spark runner's workers use it too), ranked by `pack_order`. With
     `sort_key` (the primary key's columns in sort order), the rows come out sorted on it: no sort needed after."""
     import numpy as np
@@ -122,12 +124,17 @@ def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, Col
     from iox_planner.ingest.dedup import deduplicate_table
 
     schema = arrow_schema(columns)
+    # A tag column is dictionary encoded in the merge when any part has it so (all parts must then agree).
+    encoded = {name for _, part in parts for name in part.column_names
+               if name in columns and columns[name] is ColumnType.TAG and pa.types.is_dictionary(part[name].type)}
+    merge_schema = pa.schema([f.with_type(pa.dictionary(pa.int32(), pa.string())) if f.name in encoded else f
+                              for f in schema])
     aligned = []
     ranks = []
     for order, part in parts:
         arrays = [part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(len(part), f.type)
-                  for f in schema]
-        aligned.append(pa.Table.from_arrays(arrays, schema=schema))
+                  for f in merge_schema]
+        aligned.append(pa.Table.from_arrays(arrays, schema=merge_schema))
         seq = (part[WRITE_SEQ].to_numpy() if WRITE_SEQ in part.column_names
                else np.arange(len(part), dtype=np.int64)).astype(np.int64)
         ranks.append(pack_order(order, 0) + seq)
@@ -138,19 +145,29 @@ def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, Col
         if sorted(sort_key) != sorted(keys):
             raise ValueError(f"sort key {list(sort_key)} is not an order of the primary key {keys}")
         keys = list(sort_key)
-    merged, _ = deduplicate_table(pa.concat_tables(aligned), keys, np.concatenate(ranks))
+    table = pa.concat_tables(aligned)
+    if encoded:
+        table = table.unify_dictionaries()
+    merged, _ = deduplicate_table(table, keys, np.concatenate(ranks))
     return merged.select(schema.names).cast(schema)
 
 
 def write_parquet_atomic(table: pa.Table, path: Path, *, metadata: Mapping[str, str] | None = None) -> int:
-    """Write aside, fsync, then rename into place. Returns the file size."""
+    """Write aside, fsync, then rename into place. Returns the file size.
+
+    Dictionary encoding only for string columns (tags, string fields): tried on float or integer columns of
+    measurements (nearly all values distinct) it falls back to plain after filling a dictionary page, which made the
+    write about 3x slower and the file larger (measured on the TSBS cpu set: 0.35 s -> 0.13 s, 20 -> 17.5 MB for
+    234 k rows)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     if metadata:
         existing = table.schema.metadata or {}
         table = table.replace_schema_metadata({**existing, **{k.encode(): v.encode() for k, v in metadata.items()}})
     try:
-        pq.write_table(table, tmp, compression="zstd")
+        strings = [f.name for f in table.schema
+                   if pa.types.is_string(f.type) or pa.types.is_large_string(f.type) or pa.types.is_dictionary(f.type)]
+        pq.write_table(table, tmp, compression="zstd", use_dictionary=strings)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
