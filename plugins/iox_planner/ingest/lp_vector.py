@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from iox_planner.ingest.arrow_np import from_numpy, strings, to_numpy
 from iox_planner.ingest.files import arrow_schema
 from iox_planner.ingest.lineprotocol import _BOOLS, Limits, StreamParser, _reserved, _too_long
 from iox_planner.model import TIME, WRITE_SEQ, ColumnType
@@ -34,11 +35,10 @@ _INT_RE = r"^-?[0-9]{1,18}i$"
 _UINT_RE = r"^[0-9]{1,19}u$"
 # In range for int64 whatever the digits: up to 18 digits, or 19 starting with 1-8.
 _STAMP_RE = r"^-?(?:[0-9]{1,18}|[1-8][0-9]{18})$"
-# Arrow values built from numpy, never from Python lists or numbers: pyarrow imports pandas (a third of a second)
-# the first time it converts a Python object, and a write must not pay that.
-_TRUE = pa.array(np.array([k for k, v in _BOOLS.items() if v], dtype=object), pa.string())
-_ALL_BOOLS = pa.array(np.array(list(_BOOLS), dtype=object), pa.string())
-_HEAD, _BODY, _STAMP = pa.array(np.arange(3, dtype=np.int32))
+# Arrow values built through `arrow_np`, never from Python lists or numbers (pyarrow's converters import pandas).
+_TRUE = strings([k for k, v in _BOOLS.items() if v])
+_ALL_BOOLS = strings(list(_BOOLS))
+_HEAD, _BODY, _STAMP = from_numpy(np.arange(3, dtype=np.int32))
 _ARROW = {ColumnType.FLOAT: pa.float64(), ColumnType.INTEGER: pa.int64(), ColumnType.UNSIGNED: pa.uint64(),
           ColumnType.BOOLEAN: pa.bool_()}
 _EQUALS, _COMMA, _PLUS, _HASH = ord("="), ord(","), ord("+"), ord("#")
@@ -141,14 +141,14 @@ def _uniform_fields(body: pa.Array, lim: Limits) -> _Fields | None:
     key_start[:, 1:] = commas + 1
     key_len = equals - key_start
     if not bool((key_len == key_len[0]).all()):
-        return None
+        return None  # an early way out: the byte comparison below would refuse it too
     value_start = equals + 1
     value_end = np.empty((n, width), dtype=np.int64)
     value_end[:, :-1] = commas
     value_end[:, -1] = offsets[1:]
     value_len = value_end - value_start
     if not bool((value_len > 0).all()):
-        return None
+        return None  # an empty value is an error (the cast would refuse it too; this does not rely on that)
     keys = [raw[key_start[0, j]:equals[0, j]].tobytes().decode("utf-8") for j in range(width)]
     if not _keys_ok(keys, lim):
         return None
@@ -173,7 +173,7 @@ def _uniform_fields(body: pa.Array, lim: Limits) -> _Fields | None:
     floats = None
     if bool(_FLOAT_BYTES[data].all()) and not bool((data[value_offsets[:-1]] == _PLUS).any()):
         try:
-            floats = pc.cast(values, pa.float64()).to_numpy()
+            floats = to_numpy(pc.cast(values, pa.float64()))
         except pa.ArrowInvalid:
             floats = None  # not all numbers after all: field by field below
     if floats is not None:
@@ -181,10 +181,10 @@ def _uniform_fields(body: pa.Array, lim: Limits) -> _Fields | None:
             return None  # out of range: the exact parser words it
         grid = floats.reshape(n, width)
         for j, key in enumerate(keys):
-            columns[key] = (ColumnType.FLOAT, pa.array(np.ascontiguousarray(grid[:, j])))
+            columns[key] = (ColumnType.FLOAT, from_numpy(grid[:, j]))
     else:
         for j, key in enumerate(keys):
-            found = _field_column(values.take(pa.array(np.arange(j, n * width, width))))
+            found = _field_column(values.take(from_numpy(np.arange(j, n * width, width))))
             if found is None:
                 return None
             columns[key] = found
@@ -196,12 +196,12 @@ def _layouts_by_count(body: pa.Array) -> tuple[list[str], np.ndarray] | None:
     (checked with `starts_with`); as (layout texts like `a=,b=`, each row's layout index), or None when rows with
     the same field count differ in keys (then the general regex way decides)."""
     items = pc.split_pattern(body, ",")
-    counts = pc.list_value_length(items).to_numpy()
+    counts = to_numpy(pc.list_value_length(items))
     texts: list[str] = []
     codes = np.empty(len(counts), dtype=np.int64)
     for count in np.unique(counts):
         rows = np.flatnonzero(counts == count)
-        subset = items.take(pa.array(rows))
+        subset = items.take(from_numpy(rows))
         keys = []
         for j, item in enumerate(subset[0].as_py()):
             key, sep, _ = item.partition("=")
@@ -222,7 +222,7 @@ def _general_fields(body: pa.Array, lim: Limits) -> _Fields | None:
     if found_layouts is None:
         sig_enc = pc.dictionary_encode(pc.replace_substring_regex(body, "=[^,]*", "="))
         sig_texts = sig_enc.dictionary.to_pylist()
-        sig_codes = sig_enc.indices.to_numpy().astype(np.int64)
+        sig_codes = to_numpy(sig_enc.indices).astype(np.int64)
     else:
         sig_texts, sig_codes = found_layouts
     layouts: list[list[str]] = []
@@ -239,7 +239,7 @@ def _general_fields(body: pa.Array, lim: Limits) -> _Fields | None:
     for s, keys in enumerate(layouts):
         idx = np.flatnonzero(sig_codes == s)
         sig_rows.append(idx)
-        items = pc.split_pattern(body.take(pa.array(idx)), ",")
+        items = pc.split_pattern(body.take(from_numpy(idx)), ",")
         columns: dict[str, tuple[ColumnType, pa.Array]] = {}
         for j, key in enumerate(keys):
             values = pc.utf8_slice_codeunits(pc.list_element(items, j), len(key) + 1)
@@ -290,16 +290,16 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
         return None
     if bool((raw[offsets[:-1][present]] == _HASH).any()):
         return None  # a comment line: the exact parser skips it (this path would store it as a table `#...`)
-    live = arr.take(pa.array(rows)) if len(rows) != len(arr) else arr
+    live = arr.take(from_numpy(rows)) if len(rows) != len(arr) else arr
     parts = pc.split_pattern(live, " ")
-    if not bool((pc.list_value_length(parts).to_numpy() == 3).all()):
+    if not bool((to_numpy(pc.list_value_length(parts)) == 3).all()):
         return None  # leading, trailing or double spaces, a missing timestamp, a missing section
     head = pc.list_element(parts, _HEAD)
     body = pc.list_element(parts, _BODY)
     stamp = pc.list_element(parts, _STAMP)
     if not _all(pc.match_substring_regex(stamp, _STAMP_RE)):
         return None
-    times = pc.cast(stamp, pa.int64()).to_numpy()
+    times = to_numpy(pc.cast(stamp, pa.int64()))
     multiplier = parser.precision.multiplier
     if multiplier != 1:
         if np.any(np.abs(times) > INT64_MAX // multiplier):
@@ -309,7 +309,7 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
     # Heads: few distinct ones (series), each checked once as the scalar path would.
     head_enc = pc.dictionary_encode(head)
     head_texts = head_enc.dictionary.to_pylist()
-    head_codes = head_enc.indices.to_numpy().astype(np.int64)
+    head_codes = to_numpy(head_enc.indices).astype(np.int64)
     heads = []
     # Checked heads, kept across blocks (a head's checks depend only on its text and the limits).
     cache: dict[str, tuple[str, dict[str, str]]] = parser.vector_heads
@@ -424,7 +424,7 @@ def _pieces(plan: dict[str, dict[str, tuple[ColumnType, int]]], heads: list[tupl
         cols = plan[measurement]
         here = in_measurement[measurement]
         block_days = np.unique(days if here is None else days[here])
-        tag_values = {key: pa.array(np.array([tags.get(key) for _, tags in heads], dtype=object), pa.string())
+        tag_values = {key: strings([tags.get(key) for _, tags in heads])
                       for key, (kind, _) in cols.items() if kind is ColumnType.TAG}
         fields: dict[str, pa.Array] = {}
         for key, (kind, _) in cols.items():
@@ -443,22 +443,22 @@ def _pieces(plan: dict[str, dict[str, tuple[ColumnType, int]]], heads: list[tupl
                 if here is not None:
                     mask &= here
                 sel = np.flatnonzero(mask)
-            take = None if sel is None else pa.array(sel)
+            take = None if sel is None else from_numpy(sel)
             arrays: dict[str, pa.Array] = {}
             types: dict[str, ColumnType] = {}
             for key, (kind, _) in cols.items():
                 if kind is ColumnType.TAG:
-                    arrays[key] = tag_values[key].take(pa.array(head_codes if sel is None else head_codes[sel]))
+                    arrays[key] = tag_values[key].take(from_numpy(head_codes if sel is None else head_codes[sel]))
                 elif inverse is None:
                     arrays[key] = fields[key] if take is None else fields[key].take(take)
                 else:
-                    arrays[key] = fields[key].take(pa.array(inverse if sel is None else inverse[sel]))
+                    arrays[key] = fields[key].take(from_numpy(inverse if sel is None else inverse[sel]))
                 types[key] = kind
             types[TIME] = ColumnType.TIME
             count = n if sel is None else len(sel)
-            arrays[TIME] = pa.array(times if sel is None else times[sel], pa.int64())
+            arrays[TIME] = from_numpy(times if sel is None else times[sel])
             schema = arrow_schema(types, with_seq=True)
-            data = [arrays[f.name] if f.name != WRITE_SEQ else pa.array(np.arange(count, dtype=np.int64))
+            data = [arrays[f.name] if f.name != WRITE_SEQ else from_numpy(np.arange(count, dtype=np.int64))
                     for f in schema]
             table = pa.Table.from_arrays(data, schema=schema)
             first, last = (0, n - 1) if sel is None else (int(sel[0]), int(sel[-1]))

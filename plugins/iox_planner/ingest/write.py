@@ -24,6 +24,7 @@ from iox_planner.catalog.store import Catalog
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError
 from iox_planner.faults import kill_point
+from iox_planner.ingest.arrow_np import from_numpy
 from iox_planner.ingest.blocks import Block, text_blocks
 from iox_planner.ingest.lp_vector import Piece, parse_block
 from iox_planner.ingest.lineprotocol import LineError, Point, Precision, StreamParser, describe_errors
@@ -401,7 +402,7 @@ class _Pending:
             tables.append(pa.Table.from_arrays(arrays, schema=schema))
         data = pa.concat_tables(tables)  # chunked: no second copy of the rows
         data = data.set_column(len(schema) - 1, schema.field(WRITE_SEQ),
-                               pa.array(np.arange(data.num_rows, dtype=np.int64)))
+                               from_numpy(np.arange(data.num_rows, dtype=np.int64)))
         lines = {self.first_line, self.last_line}
         self.pieces, self.rows = [], 0
         return columns, data, lines
@@ -424,7 +425,7 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
             part = data.slice(start, limit)
             if start:
                 part = part.set_column(part.num_columns - 1, part.schema.field(WRITE_SEQ),
-                                       pa.array(np.arange(part.num_rows, dtype=np.int64)))
+                                       from_numpy(np.arange(part.num_rows, dtype=np.int64)))
             written.append(store_chunk(catalog, conn, staged, db_id, key[0], key[1], part, columns,
                                        kind=ChunkKind.INGESTER, lines=lines))
 

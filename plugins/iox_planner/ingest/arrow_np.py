@@ -1,0 +1,45 @@
+"""Arrow arrays to and from numpy through their buffers, never through pyarrow's converters.
+
+`pa.array(...)`, `Array.to_numpy()` and a Python number passed to a compute function all go through pyarrow's
+pandas shim, which imports pandas the first time: about a third of a CPU-second, more than the whole parse of
+100,000 lines. The write path (blocks, the vectorized parser, chunk building) uses these instead, and
+`tests/test_stream_write.py` checks that a write imports neither pandas nor the planner.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+_TYPES = {np.dtype(np.int64): pa.int64(), np.dtype(np.int32): pa.int32(), np.dtype(np.uint64): pa.uint64(),
+          np.dtype(np.float64): pa.float64()}
+
+
+def from_numpy(values: np.ndarray) -> pa.Array:
+    """A 1-D numpy array of int64, int32, uint64 or float64 as an Arrow array without nulls (no copy when it is
+    contiguous)."""
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(_TYPES[values.dtype], len(values), [None, pa.py_buffer(values)])
+
+
+def to_numpy(arr: pa.Array) -> np.ndarray:
+    """A primitive Arrow array without nulls (int, uint, float; not boolean) as a read-only numpy view."""
+    if arr.null_count:
+        raise ValueError("to_numpy: the array has nulls")
+    dtype = {v: k for k, v in _TYPES.items()}[arr.type]
+    return np.frombuffer(arr.buffers()[1], dtype=dtype)[arr.offset:arr.offset + len(arr)]
+
+
+def strings(values: Sequence[str | None]) -> pa.Array:
+    """Python strings (None for null) as an Arrow string array."""
+    encoded = [b"" if v is None else v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    valid = np.array([v is not None for v in values], dtype=bool)
+    bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    wide = offsets[-1] >= 2**31
+    return pa.Array.from_buffers(pa.large_string() if wide else pa.string(), len(encoded),
+                                 [bitmap, pa.py_buffer(offsets if wide else offsets.astype(np.int32)),
+                                  pa.py_buffer(b"".join(encoded))])
