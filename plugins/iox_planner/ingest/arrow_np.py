@@ -8,13 +8,15 @@ pandas shim, which imports pandas the first time: about a third of a CPU-second,
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-_TYPES = {np.dtype(np.int64): pa.int64(), np.dtype(np.int32): pa.int32(), np.dtype(np.uint64): pa.uint64(),
-          np.dtype(np.float64): pa.float64()}
+_TYPES: dict[np.dtype[Any], pa.DataType] = {
+    np.dtype(np.int64): pa.int64(), np.dtype(np.int32): pa.int32(), np.dtype(np.uint64): pa.uint64(),
+    np.dtype(np.float64): pa.float64()}
+_DTYPES = {v: k for k, v in _TYPES.items()}
 
 
 def from_numpy(values: np.ndarray) -> pa.Array:
@@ -28,8 +30,9 @@ def to_numpy(arr: pa.Array) -> np.ndarray:
     """A primitive Arrow array without nulls (int, uint, float; not boolean) as a read-only numpy view."""
     if arr.null_count:
         raise ValueError("to_numpy: the array has nulls")
-    dtype = {v: k for k, v in _TYPES.items()}[arr.type]
-    return np.frombuffer(arr.buffers()[1], dtype=dtype)[arr.offset:arr.offset + len(arr)]
+    dtype = _DTYPES[arr.type]
+    view: np.ndarray = np.frombuffer(arr.buffers()[1], dtype=dtype)
+    return view[arr.offset:arr.offset + len(arr)]
 
 
 def strings(values: Sequence[str | None]) -> pa.Array:
