@@ -37,12 +37,23 @@ def to_numpy(arr: pa.Array) -> np.ndarray:
 
 def strings(values: Sequence[str | None]) -> pa.Array:
     """Python strings (None for null) as an Arrow string array."""
-    encoded = [b"" if v is None else v.encode("utf-8") for v in values]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum([len(e) for e in encoded], out=offsets[1:])
-    valid = np.array([v is not None for v in values], dtype=bool)
-    bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    wide = offsets[-1] >= 2**31
-    return pa.Array.from_buffers(pa.large_string() if wide else pa.string(), len(encoded),
+    n = len(values)
+    texts = [v if v is not None else "" for v in values]
+    joined = "".join(texts)
+    if joined.isascii():  # the usual case: one encode, lengths in characters are lengths in bytes
+        data = joined.encode("ascii")
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+    else:
+        encoded = [t.encode("utf-8") for t in texts]
+        data = b"".join(encoded)
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    bitmap = None
+    if None in values:
+        valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
+        bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    wide = int(offsets[-1]) >= 2**31
+    return pa.Array.from_buffers(pa.large_string() if wide else pa.string(), n,
                                  [bitmap, pa.py_buffer(offsets if wide else offsets.astype(np.int32)),
-                                  pa.py_buffer(b"".join(encoded))])
+                                  pa.py_buffer(data)])

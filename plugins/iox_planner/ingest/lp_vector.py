@@ -46,8 +46,7 @@ _EQUALS, _COMMA, _PLUS, _HASH = ord("="), ord(","), ord("+"), ord("#")
 # Bytes a float value may hold on the uniform path. Over these, Arrow's string-to-float cast accepts exactly the
 # tokens Go's float grammar (the exact parser) does, with the same values, except a leading '+' (refused
 # separately): `tests/test_lp_vector.py` pins that against the exact parser.
-_FLOAT_BYTES = np.zeros(256, dtype=bool)
-_FLOAT_BYTES[list(b"0123456789.eE+-")] = True
+_FLOAT_BYTES = b"0123456789.eE+-"
 
 # Fields: the keys of each layout, each row's layout, the rows of each layout, and per layout its fields as
 # (type, values in the layout's row order).
@@ -159,19 +158,19 @@ def _uniform_fields(body: pa.Array, lim: Limits) -> _Fields | None:
     runs[:, 2::2] = value_start[:, 1:] - value_end[:, :-1]
     runs[:, 1::2] = value_len
     in_value = np.repeat(np.tile(np.array([False, True]), n * width), runs.ravel())
-    outside = np.compress(~in_value, raw)  # np.compress: several times faster than raw[mask] on short runs
+    outside = raw[~in_value]
     sig = int(runs[0, 0::2].sum())
     if outside.size != n * sig or not bool((outside.reshape(n, sig) == outside[:sig]).all()):
         return None
 
     # All values, line by line, as one string array over their bytes.
-    data = np.compress(in_value, raw)
+    data = raw[in_value]
     value_offsets = np.zeros(n * width + 1, dtype=np.int32)
     np.cumsum(value_len.ravel(), out=value_offsets[1:])
     values = pa.StringArray.from_buffers(n * width, pa.py_buffer(value_offsets), pa.py_buffer(data))
     columns: dict[str, tuple[ColumnType, pa.Array]] = {}
     floats = None
-    if bool(_FLOAT_BYTES[data].all()) and not bool((data[value_offsets[:-1]] == _PLUS).any()):
+    if not data.tobytes().translate(None, _FLOAT_BYTES) and not bool((data[value_offsets[:-1]] == _PLUS).any()):
         try:
             floats = to_numpy(pc.cast(values, pa.float64()))
         except pa.ArrowInvalid:
@@ -423,7 +422,8 @@ def _pieces(plan: dict[str, dict[str, tuple[ColumnType, int]]], heads: list[tupl
     for measurement in sorted(plan):
         cols = plan[measurement]
         here = in_measurement[measurement]
-        block_days = np.unique(days if here is None else days[here])
+        mine = days if here is None else days[here]
+        block_days = [mine[0]] if mine.min() == mine.max() else np.unique(mine)  # one day: no sort
         tag_values = {key: strings([tags.get(key) for _, tags in heads])
                       for key, (kind, _) in cols.items() if kind is ColumnType.TAG}
         fields: dict[str, pa.Array] = {}
