@@ -50,12 +50,13 @@ class Block:
     The reader hands over its read buffer and where the block ends in it (`_end`), so the vectorized path reads
     the bytes where they are; `data` copies them out only for a caller that asks."""
 
-    __slots__ = ("_buf", "_end", "text_lines", "final", "lines_before", "name")
+    __slots__ = ("_buf", "_end", "_newlines", "text_lines", "final", "lines_before", "name")
 
     def __init__(self, data: bytes | None, final: bool, lines_before: int, name: str,
                  text_lines: list[str] | None = None) -> None:
         self._buf: bytes | bytearray | None = data
         self._end = 0 if data is None else len(data)
+        self._newlines: int | None = None
         self.text_lines = text_lines
         self.final = final
         self.lines_before = lines_before
@@ -99,7 +100,16 @@ class Block:
             assert data is not None
             decode_utf8(data, self.name, self.lines_before)  # raises, naming the line and column
             raise
-        return pc.split_pattern(text, "\n").flatten()
+        lines = pc.split_pattern(text, "\n").flatten()
+        self._newlines = len(lines) - 1
+        return lines
+
+    def newlines(self) -> int:
+        """How many LFs the block holds (known without a pass once `arrow()` has split it)."""
+        if self._newlines is None:
+            self._newlines = 0 if self._buf is None else int(
+                np.count_nonzero(np.frombuffer(self._buf, dtype=np.uint8, count=self._end) == _LF))
+        return self._newlines
 
 
 def _line_too_long(name: str, line: int, size: int, limit: int) -> BadInputError:
@@ -133,9 +143,8 @@ def line_blocks(stream: BinaryIO, name: str, block_bytes: int = BLOCK_BYTES,
         # The block is the front of `buf` up to its last LF; what follows is the start of the next block.
         block = Block._of(buf, cut, False, lines_before, name)
         pending = buf[cut + 1:]
-        newlines = int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8, count=cut) == _LF))
         yield block
-        lines_before += newlines + 1
+        lines_before += block.newlines() + 1  # counted by the consumer's arrow() already, or counted here
 
 
 def text_blocks(text: str, name: str = "input", block_bytes: int = BLOCK_BYTES) -> Iterator[Block]:
