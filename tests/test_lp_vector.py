@@ -200,7 +200,8 @@ def uniform_line(rng: random.Random, host: int, t: int) -> str:
     values = [repr(round(rng.uniform(-100, 100), rng.randint(0, 6))) for _ in UNIFORM_KEYS[:-1]]
     values.append(rng.choice(["1", "-2.5", "3e2", ".5", "7.", "-0", "0.000001"]))
     body = ",".join(f"{k}={v}" for k, v in zip(UNIFORM_KEYS, values))
-    return f"cpu,hostname=host_{host},rack={host % 4} {body} {t}"
+    measurement = "cpu" if host % 5 else "disk"  # two tables sharing one field layout in a block
+    return f"{measurement},hostname=host_{host},rack={host % 4} {body} {t}"
 
 
 def mutated_line(rng: random.Random, line: str) -> str:
