@@ -3,7 +3,10 @@ hostile ones) parsed whole by `lineprotocol.parse`, and in random-sized blocks b
 vectorized path where it takes a block, the exact parser elsewhere), must give the same rows per (table, day),
 in the same order, with the same types and values, and the same errors.
 
-`IOX_LP_VECTOR_CASES` sets the number of random inputs (default 40 in CI).
+The uniform-layout branch (every line of a block with the same field keys, read from the bytes) gets its own
+inputs: uniform blocks with a few lines changed in ways it must notice, and blocks odd the same way on every line.
+
+`IOX_LP_VECTOR_CASES` sets the number of random inputs (default 40 in CI; half as many uniform ones).
 """
 
 from __future__ import annotations
