@@ -6,7 +6,7 @@ in the same order, with the same types and values, and the same errors.
 The uniform-layout branch (every line of a block with the same field keys, read from the bytes) gets its own
 inputs: uniform blocks with a few lines changed in ways it must notice, and blocks odd the same way on every line.
 
-`IOX_LP_VECTOR_CASES` sets the number of random inputs (default 40 in CI; half as many uniform ones).
+`IOX_LP_VECTOR_CASES` sets the number of random inputs (default 40 in CI; a quarter as many uniform ones).
 """
 
 from __future__ import annotations
@@ -260,8 +260,8 @@ def test_the_uniform_branch_is_taken_and_exact(monkeypatch: pytest.MonkeyPatch) 
     real = lp_vector._uniform_fields
     monkeypatch.setattr(lp_vector, "_uniform_fields", lambda body, lim: taken.append(real(body, lim)) or taken[-1])
     rng = random.Random(7)
-    lines = [uniform_line(rng, h % 30, T0 + h * 1_000_000_000) for h in range(2000)]
-    lines += [f"mem,host=h{k % 3} used={k}i,free={k}u,up=t {T0 + k}" for k in range(300)]
+    lines = [uniform_line(rng, h % 30, T0 + h * 1_000_000_000) for h in range(1200)]
+    lines += [f"mem,host=h{k % 3} used={k}i,free={k}u,up=t {T0 + k}" for k in range(200)]
     text = "\n".join(lines)
     want_rows, want_errors = exact_rows(text)
     got_rows, got_errors, _ = streamed_rows(text, 8192)
@@ -269,7 +269,7 @@ def test_the_uniform_branch_is_taken_and_exact(monkeypatch: pytest.MonkeyPatch) 
     assert got_errors == want_errors == [] and got_rows == want_rows
 
 
-@pytest.mark.parametrize("seed", range(CASES // 2))
+@pytest.mark.parametrize("seed", range(max(CASES // 4, 1)))
 def test_uniform_blocks_with_one_odd_line_equal_exact(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("IOX_LP_MAX_LINE_BYTES", "IOX_LP_MAX_COLUMNS", "IOX_LP_MAX_NAME_BYTES", "IOX_LP_MAX_BAD_LINES"):
         monkeypatch.delenv(var, raising=False)
@@ -305,7 +305,7 @@ def test_arrow_float_cast_agrees_with_the_exact_parser_over_the_float_bytes() ->
 
     rng = random.Random(3)
     tokens = {"".join(p) for n in range(1, 5) for p in itertools.product("09.eE+-", repeat=n)}
-    for _ in range(4_000):
+    for _ in range(2_000):
         digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 30)))
         cut = rng.randint(0, len(digits))
         tokens.add(rng.choice(["", "-"]) + digits[:cut] + rng.choice([".", ""]) + digits[cut:]
