@@ -56,3 +56,40 @@ def test_utf8_errors_are_numbered_in_the_whole_input(catalog: Catalog, db: str) 
         with pytest.raises(BadInputError) as streamed:
             write_line_blocks(catalog, db, line_blocks(io.BytesIO(data), "in", block_bytes=size))
         assert str(streamed.value) == str(whole.value)
+
+
+def test_a_line_longer_than_the_block_and_the_limit_stops_the_read_early() -> None:
+    """The reader holds at most a block plus the longest allowed line: a line without LF past both is an error,
+    raised before the rest of the stream is read."""
+    stream = io.BytesIO(b"m v=1 1\nm v=2 2\n" + b"x" * 10_000_000)
+    with pytest.raises(BadInputError, match=r"line 3 is more than 4,096 bytes long .*IOX_LP_MAX_LINE_BYTES"):
+        list(line_blocks(stream, "in", block_bytes=1024, max_line_bytes=4096))
+    assert stream.tell() < 4096 + 2 * 1024
+
+
+def test_a_line_over_the_limit_but_within_a_block_is_one_bad_line(catalog: Catalog, db: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IOX_LP_MAX_LINE_BYTES", "200")
+    data = b"m v=1 1\nm,t=" + b"y" * 300 + b" v=2 2\nm v=3 3\n"
+    result = write_line_blocks(catalog, db, line_blocks(io.BytesIO(data), "in", block_bytes=4096),
+                               accept_partial=True)
+    assert result.rows == 2 and [e.line for e in result.rejected] == [2]
+    assert "IOX_LP_MAX_LINE_BYTES" in result.rejected[0].message
+
+
+def test_a_write_imports_neither_pandas_nor_the_planner(catalog: Catalog, db: str, tmp_path: Path) -> None:
+    """Start-up is most of a small write's cost: `iox-batch write` of regular lines must not import pandas
+    (pyarrow's converters do, on first use: `ingest/arrow_np.py` avoids them) nor the SQL planner (sqlglot)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "in.lp"
+    path.write_text("".join(f"cpu,host=h{k % 7},dc=d{k % 3} a={k}.5,b={k % 11} {T0 + k}\n" for k in range(5000)))
+    script = ("import sys; from iox_planner.cli.main import main; code = main(sys.argv[1:]); "
+              "print([m for m in ('pandas', 'sqlglot', 'iox_planner.planner') if m in sys.modules]); "
+              "sys.exit(code)")
+    out = subprocess.run([sys.executable, "-c", script, "write", "--db", db, str(path)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "5000 rows in 1 chunk(s)" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -60,3 +60,16 @@ class InternalError(IoxError):
     """A bug: an invariant of iox-batch broke. The message carries what is needed to report it."""
 
     exit_code = 70
+
+
+def check_text(text: str, what: str = "the SQL") -> None:
+    """Text that came from outside: no NUL, and valid UTF-8 (a lone surrogate is what Python makes of an invalid
+    byte in argv or a file read with `surrogateescape`; Spark's JVM side fails on it with a traceback)."""
+    nul = text.find("\x00")
+    if nul >= 0:
+        raise BadInputError(f"{what} contains a NUL character at offset {nul}; remove it")
+    for offset, ch in enumerate(text):
+        if "\ud800" <= ch <= "\udfff":
+            raw = ord(ch) - 0xDC00 if "\udc80" <= ch <= "\udcff" else None
+            byte = f" (byte 0x{raw:02x})" if raw is not None else ""
+            raise BadInputError(f"{what} is not valid UTF-8{byte} at character {offset}; send UTF-8 text")

@@ -250,7 +250,7 @@ def _resolve_sql(args: argparse.Namespace) -> None:
 def _check_argv(args: argparse.Namespace) -> None:
     """Arguments are text: an invalid UTF-8 byte in argv reaches Python as a lone surrogate, which Spark's JVM
     side would fail on with a traceback."""
-    from iox_planner.planner.limits import check_text
+    from iox_planner.errors import check_text  # not via the planner package: that would import sqlglot
 
     for name, value in vars(args).items():
         for item in value if isinstance(value, list) else [value]:

@@ -1,5 +1,5 @@
-"""The vectorized path of line protocol: a whole block of regular lines parsed with Arrow compute kernels into
-Arrow tables per (measurement, day), with no Python object per line or value.
+"""The vectorized path of line protocol: a whole block of regular lines parsed with Arrow compute kernels and
+numpy into Arrow tables per (measurement, day), with no Python object per line or value.
 
 It takes a block only when every line in it is plain: no backslash, no double quote, no control character (CR
 included), single spaces, three sections (a timestamp given), heads and field layouts the scalar parser would
@@ -8,6 +8,11 @@ accept, every value of a field of one type in the plain forms (decimal floats wi
 errors included, returns None and the block goes to `StreamParser.feed`, the exact parser, which alone words
 error messages. So this path only has to be right about what it accepts, and `tests/test_lp_vector.py` checks it
 against the scalar parser on random and hostile lines.
+
+The fields of a block are read one of two ways. The usual block, every line with the same field keys in the same
+order (`_uniform_fields`), is read from the bytes: the `=` and `,` of every line found at once, the keys checked
+byte for byte against the first line's, and every value cut out into one array that a single cast parses when all
+are floats. Any other block takes the general way (`_general_fields`): layouts by keys, one field at a time.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from iox_planner.ingest.arrow_np import from_numpy, strings, to_numpy
 from iox_planner.ingest.files import arrow_schema
-from iox_planner.ingest.lineprotocol import _BOOLS, StreamParser, _reserved, _too_long
+from iox_planner.ingest.lineprotocol import _BOOLS, Limits, StreamParser, _reserved, _too_long
 from iox_planner.model import TIME, WRITE_SEQ, ColumnType
 from iox_planner.timeutil import INT64_MAX, NS_PER_DAY, partition_of
 
@@ -29,10 +35,22 @@ _INT_RE = r"^-?[0-9]{1,18}i$"
 _UINT_RE = r"^[0-9]{1,19}u$"
 # In range for int64 whatever the digits: up to 18 digits, or 19 starting with 1-8.
 _STAMP_RE = r"^-?(?:[0-9]{1,18}|[1-8][0-9]{18})$"
-_TRUE = [k for k, v in _BOOLS.items() if v]
-_ALL_BOOLS = list(_BOOLS)
+# Arrow values built through `arrow_np`, never from Python lists or numbers (pyarrow's converters import pandas).
+_TRUE = strings([k for k, v in _BOOLS.items() if v])
+_ALL_BOOLS = strings(list(_BOOLS))
+_HEAD, _BODY, _STAMP = from_numpy(np.arange(3, dtype=np.int32))
 _ARROW = {ColumnType.FLOAT: pa.float64(), ColumnType.INTEGER: pa.int64(), ColumnType.UNSIGNED: pa.uint64(),
           ColumnType.BOOLEAN: pa.bool_()}
+_EQUALS, _COMMA, _PLUS, _HASH = ord("="), ord(","), ord("+"), ord("#")
+
+# Bytes a float value may hold on the uniform path. Over these, Arrow's string-to-float cast accepts exactly the
+# tokens Go's float grammar (the exact parser) does, with the same values, except a leading '+' (refused
+# separately): `tests/test_lp_vector.py` pins that against the exact parser.
+_FLOAT_BYTES = b"0123456789.eE+-"
+
+# Fields: the keys of each layout, each row's layout, the rows of each layout, and per layout its fields as
+# (type, values in the layout's row order).
+_Fields = tuple[list[list[str]], np.ndarray, list[np.ndarray], list[dict[str, tuple[ColumnType, pa.Array]]]]
 
 
 @dataclass
@@ -55,6 +73,17 @@ def _any(mask: pa.Array) -> bool:
     return bool(pc.any(mask).as_py()) if len(mask) else False
 
 
+def _buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A string array's offsets (int64, from 0) and its UTF-8 bytes, both read in place."""
+    wide = pa.types.is_large_string(arr.type)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64 if wide else np.int32)[
+        arr.offset:arr.offset + len(arr) + 1]
+    start, end = int(offsets[0]), int(offsets[-1])
+    data = arr.buffers()[2]
+    raw = np.frombuffer(data, dtype=np.uint8)[start:end] if data is not None and end > start else np.zeros(0, np.uint8)
+    return offsets.astype(np.int64) - start, raw
+
+
 def _field_column(values: pa.Array) -> tuple[ColumnType, pa.Array] | None:
     """One field's values (all rows of a layout) as one typed array, or None if not all plain and of one type."""
     if _all(pc.match_substring_regex(values, _FLOAT_RE)):
@@ -64,38 +93,114 @@ def _field_column(values: pa.Array) -> tuple[ColumnType, pa.Array] | None:
         return ColumnType.INTEGER, pc.cast(pc.utf8_slice_codeunits(values, 0, -1), pa.int64())
     if _all(pc.match_substring_regex(values, _UINT_RE)):
         return ColumnType.UNSIGNED, pc.cast(pc.utf8_slice_codeunits(values, 0, -1), pa.uint64())
-    if _all(pc.is_in(values, value_set=pa.array(_ALL_BOOLS))):
-        return ColumnType.BOOLEAN, pc.is_in(values, value_set=pa.array(_TRUE))
+    if _all(pc.is_in(values, value_set=_ALL_BOOLS)):
+        return ColumnType.BOOLEAN, pc.is_in(values, value_set=_TRUE)
     return None
 
 
-# Bytes that send a block to the exact parser: backslash, double quote, and the control characters (CR included).
-_SPECIAL = np.zeros(256, dtype=bool)
-_SPECIAL[[*range(0x20), 0x7F, ord("\\"), ord('"')]] = True
-
-
-def _has_special_bytes(arr: pa.Array) -> bool:
-    """Whether any line holds a special byte: one table lookup over the array's UTF-8 bytes (a multi-byte
-    character never contains a byte below 0x80)."""
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + len(arr) + 1]
-    data = arr.buffers()[2]
-    if data is None or offsets[-1] == offsets[0]:
+def _has_special_bytes(raw: np.ndarray) -> bool:
+    """Whether the lines' UTF-8 bytes hold one that sends a block to the exact parser: backslash, double quote,
+    or a control character (CR included). A multi-byte character never contains a byte below 0x80."""
+    if not raw.size:
         return False
-    raw = np.frombuffer(data, dtype=np.uint8)[offsets[0]:offsets[-1]]
-    return bool(_SPECIAL[raw].any())
+    if bool((raw < 0x20).any()):
+        return True
+    data = raw.tobytes()  # bytes.find is a memchr: far faster than three numpy comparisons
+    return b"\\" in data or b'"' in data or b"\x7f" in data
+
+
+def _keys_ok(keys: list[str], lim: Limits) -> bool:
+    """A layout's field keys as the scalar parser checks them on their own (against tags and the schema later)."""
+    return (len(set(keys)) == len(keys)
+            and not any(not k or _reserved("field", k) or _too_long(k, lim.max_name_bytes) for k in keys))
+
+
+def _uniform_fields(body: pa.Array, lim: Limits) -> _Fields | None:
+    """The fields of a block whose every line has the first line's field keys, in its order, read from the bytes;
+    None for any other block (or anything unusual: the general way, then the exact parser, decide)."""
+    n = len(body)
+    offsets, raw = _buffers(body)
+    if raw.size >= 2**31 - 1:
+        return None
+    delims = np.flatnonzero((raw == _COMMA) | (raw == _EQUALS))
+    per_row = int(np.searchsorted(delims, offsets[1]))  # the first line's '=' and ','
+    if per_row % 2 == 0 or len(delims) != n * per_row:
+        return None
+    at = delims.reshape(n, per_row)
+    # Every line holds exactly its share (so the same count), alternating '=' ',' ... '=': key=value,key=value.
+    if not (bool((at[:, 0] >= offsets[:-1]).all()) and bool((at[:, -1] < offsets[1:]).all())):
+        return None
+    pattern = np.where(np.arange(per_row) % 2 == 0, _EQUALS, _COMMA).astype(np.uint8)
+    if not bool((raw[at] == pattern).all()):
+        return None
+    width = (per_row + 1) // 2
+    equals, commas = at[:, 0::2], at[:, 1::2]
+    key_start = np.empty((n, width), dtype=np.int64)
+    key_start[:, 0] = offsets[:-1]
+    key_start[:, 1:] = commas + 1
+    key_len = equals - key_start
+    if not bool((key_len == key_len[0]).all()):
+        return None  # an early way out: the byte comparison below would refuse it too
+    value_start = equals + 1
+    value_end = np.empty((n, width), dtype=np.int64)
+    value_end[:, :-1] = commas
+    value_end[:, -1] = offsets[1:]
+    value_len = value_end - value_start
+    if not bool((value_len > 0).all()):
+        return None  # an empty value is an error (the cast would refuse it too; this does not rely on that)
+    keys = [raw[key_start[0, j]:equals[0, j]].tobytes().decode("utf-8") for j in range(width)]
+    if not _keys_ok(keys, lim):
+        return None
+
+    # Every line's bytes outside its values (keys, '=' and ',') must be the first line's, byte for byte.
+    runs = np.empty((n, 2 * width), dtype=np.int64)
+    runs[:, 0] = value_start[:, 0] - offsets[:-1]
+    runs[:, 2::2] = value_start[:, 1:] - value_end[:, :-1]
+    runs[:, 1::2] = value_len
+    in_value = np.repeat(np.tile(np.array([False, True]), n * width), runs.ravel())
+    outside = raw[~in_value]
+    sig = int(runs[0, 0::2].sum())
+    if outside.size != n * sig or not bool((outside.reshape(n, sig) == outside[:sig]).all()):
+        return None
+
+    # All values, line by line, as one string array over their bytes.
+    data = raw[in_value]
+    value_offsets = np.zeros(n * width + 1, dtype=np.int32)
+    np.cumsum(value_len.ravel(), out=value_offsets[1:])
+    values = pa.StringArray.from_buffers(n * width, pa.py_buffer(value_offsets), pa.py_buffer(data))
+    columns: dict[str, tuple[ColumnType, pa.Array]] = {}
+    floats = None
+    if not data.tobytes().translate(None, _FLOAT_BYTES) and not bool((data[value_offsets[:-1]] == _PLUS).any()):
+        try:
+            floats = to_numpy(pc.cast(values, pa.float64()))
+        except pa.ArrowInvalid:
+            floats = None  # not all numbers after all: field by field below
+    if floats is not None:
+        if not bool(np.isfinite(floats).all()):
+            return None  # out of range: the exact parser words it
+        grid = floats.reshape(n, width)
+        for j, key in enumerate(keys):
+            columns[key] = (ColumnType.FLOAT, from_numpy(grid[:, j]))
+    else:
+        for j, key in enumerate(keys):
+            found = _field_column(values.take(from_numpy(np.arange(j, n * width, width))))
+            if found is None:
+                return None
+            columns[key] = found
+    return [keys], np.zeros(n, dtype=np.int64), [np.arange(n)], [columns]
 
 
 def _layouts_by_count(body: pa.Array) -> tuple[list[str], np.ndarray] | None:
-    """The usual case without a regex: bodies with the same number of fields that all have the same keys in the
-    same order (checked with `starts_with`); as (layout texts like `a=,b=`, each row's layout index), or None
-    when rows with the same field count differ in keys (then the general regex way decides)."""
+    """Without a regex: bodies with the same number of fields that all have the same keys in the same order
+    (checked with `starts_with`); as (layout texts like `a=,b=`, each row's layout index), or None when rows with
+    the same field count differ in keys (then the general regex way decides)."""
     items = pc.split_pattern(body, ",")
-    counts = pc.list_value_length(items).to_numpy()
+    counts = to_numpy(pc.list_value_length(items))
     texts: list[str] = []
     codes = np.empty(len(counts), dtype=np.int64)
     for count in np.unique(counts):
         rows = np.flatnonzero(counts == count)
-        subset = items.take(pa.array(rows))
+        subset = items.take(from_numpy(rows))
         keys = []
         for j, item in enumerate(subset[0].as_py()):
             key, sep, _ = item.partition("=")
@@ -107,6 +212,42 @@ def _layouts_by_count(body: pa.Array) -> tuple[list[str], np.ndarray] | None:
         codes[rows] = len(texts)
         texts.append(",".join(k + "=" for k in keys))
     return texts, codes
+
+
+def _general_fields(body: pa.Array, lim: Limits) -> _Fields | None:
+    """The fields of any block of plain bodies: its layouts (key lists) found, then each field of each layout
+    typed on its own; None if a layout or a value is not plain."""
+    found_layouts = _layouts_by_count(body)
+    if found_layouts is None:
+        sig_enc = pc.dictionary_encode(pc.replace_substring_regex(body, "=[^,]*", "="))
+        sig_texts = sig_enc.dictionary.to_pylist()
+        sig_codes = to_numpy(sig_enc.indices).astype(np.int64)
+    else:
+        sig_texts, sig_codes = found_layouts
+    layouts: list[list[str]] = []
+    for text in sig_texts:
+        items = text.split(",")
+        if any(not item.endswith("=") for item in items):
+            return None
+        keys = [item[:-1] for item in items]
+        if not _keys_ok(keys, lim):
+            return None
+        layouts.append(keys)
+    typed: list[dict[str, tuple[ColumnType, pa.Array]]] = []
+    sig_rows: list[np.ndarray] = []
+    for s, keys in enumerate(layouts):
+        idx = np.flatnonzero(sig_codes == s)
+        sig_rows.append(idx)
+        items = pc.split_pattern(body.take(from_numpy(idx)), ",")
+        columns: dict[str, tuple[ColumnType, pa.Array]] = {}
+        for j, key in enumerate(keys):
+            values = pc.utf8_slice_codeunits(pc.list_element(items, j), len(key) + 1)
+            found = _field_column(values)
+            if found is None:
+                return None
+            columns[key] = found
+        typed.append(columns)
+    return layouts, sig_codes, sig_rows, typed
 
 
 def _head(text: str, parser: StreamParser) -> tuple[str, dict[str, str]] | None:
@@ -130,30 +271,34 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
     """The block's rows as pieces per (measurement, day), committing names to `parser`'s schema and moving its
     line count on; None (nothing changed) if any line needs the exact parser, or if a column disagrees with
     `catalog(measurement)` (the table's columns in the catalog: the writer words that error, by line)."""
-    if arr is None or parser._carry or not len(arr):
+    if arr is None or parser._carry or not len(arr) or arr.null_count:
+        return None
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         return None
     lim = parser.limits
     base = parser.lines_read
-    if _any(pc.greater(pc.utf8_length(arr), lim.max_line_bytes // 4)):
+    offsets, raw = _buffers(arr)
+    lengths = np.diff(offsets)
+    if int(lengths.max()) > lim.max_line_bytes // 4:
         return None
-    if _has_special_bytes(arr):
+    if _has_special_bytes(raw):
         return None
-    present = pc.not_equal(arr, "")
-    rows = np.flatnonzero(present.to_numpy(zero_copy_only=False))
+    present = lengths > 0
+    rows = np.flatnonzero(present)
     if len(rows) == 0:
         return None
-    live = arr.take(pa.array(rows)) if len(rows) != len(arr) else arr
-    if _any(pc.starts_with(live, "#")):
+    if bool((raw[offsets[:-1][present]] == _HASH).any()):
         return None  # a comment line: the exact parser skips it (this path would store it as a table `#...`)
+    live = arr.take(from_numpy(rows)) if len(rows) != len(arr) else arr
     parts = pc.split_pattern(live, " ")
-    if not _all(pc.equal(pc.list_value_length(parts), 3)):
+    if not bool((to_numpy(pc.list_value_length(parts)) == 3).all()):
         return None  # leading, trailing or double spaces, a missing timestamp, a missing section
-    head = pc.list_element(parts, 0)
-    body = pc.list_element(parts, 1)
-    stamp = pc.list_element(parts, 2)
+    head = pc.list_element(parts, _HEAD)
+    body = pc.list_element(parts, _BODY)
+    stamp = pc.list_element(parts, _STAMP)
     if not _all(pc.match_substring_regex(stamp, _STAMP_RE)):
         return None
-    times = pc.cast(stamp, pa.int64()).to_numpy()
+    times = to_numpy(pc.cast(stamp, pa.int64()))
     multiplier = parser.precision.multiplier
     if multiplier != 1:
         if np.any(np.abs(times) > INT64_MAX // multiplier):
@@ -163,7 +308,7 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
     # Heads: few distinct ones (series), each checked once as the scalar path would.
     head_enc = pc.dictionary_encode(head)
     head_texts = head_enc.dictionary.to_pylist()
-    head_codes = head_enc.indices.to_numpy()
+    head_codes = to_numpy(head_enc.indices).astype(np.int64)
     heads = []
     # Checked heads, kept across blocks (a head's checks depend only on its text and the limits).
     cache: dict[str, tuple[str, dict[str, str]]] = parser.vector_heads
@@ -178,72 +323,62 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
             cache[text] = parsed
         heads.append(parsed)
 
-    # Field layouts: the keys of a body, its values blanked out.
-    found_layouts = _layouts_by_count(body)
-    if found_layouts is None:
-        sig_enc = pc.dictionary_encode(pc.replace_substring_regex(body, "=[^,]*", "="))
-        sig_texts = sig_enc.dictionary.to_pylist()
-        sig_codes = sig_enc.indices.to_numpy()
+    # Fields: the common block with one layout straight from the bytes, any other the general way.
+    fields = _uniform_fields(body, lim) or _general_fields(body, lim)
+    if fields is None:
+        return None
+    layouts, sig_codes, sig_rows, typed = fields
+
+    # Which (measurement -> tags, fields) the block uses; every combination must fit the column limit. Heads
+    # with the same tag keys are checked once.
+    tag_keys = [tuple(tags) for _, tags in heads]
+    if len(layouts) == 1:
+        pairs = [(h, 0) for h in range(len(heads))]
     else:
-        sig_texts, sig_codes = found_layouts
-    layouts: list[list[str]] = []
-    for text in sig_texts:
-        items = text.split(",")
-        if any(not item.endswith("=") for item in items):
+        pairs = [divmod(int(p), len(layouts))
+                 for p in np.unique(head_codes * len(layouts) + sig_codes)]
+    checked: set[tuple[tuple[str, ...], int]] = set()
+    for h, s in pairs:
+        if (tag_keys[h], s) in checked:
+            continue
+        checked.add((tag_keys[h], s))
+        if len(tag_keys[h]) + len(layouts[s]) > lim.max_columns or not set(tag_keys[h]).isdisjoint(layouts[s]):
             return None
-        keys = [item[:-1] for item in items]
-        if (len(set(keys)) != len(keys)
-                or any(not k or _reserved("field", k) or _too_long(k, lim.max_name_bytes) for k in keys)):
-            return None
-        layouts.append(keys)
-
-    # Which (measurement -> tags, fields) the block uses; every combination must fit the column limit.
-    pairs = np.unique(head_codes.astype(np.int64) * len(layouts) + sig_codes)
-    for pair in pairs:
-        h, s = divmod(int(pair), len(layouts))
-        if len(heads[h][1]) + len(layouts[s]) > lim.max_columns or set(heads[h][1]) & set(layouts[s]):
-            return None
-
-    # Values, one layout at a time; every field of a measurement must come out with one type.
-    first_row_of_sig = np.full(len(layouts), len(live), dtype=np.int64)
-    np.minimum.at(first_row_of_sig, sig_codes, np.arange(len(live)))
-    typed: list[dict[str, tuple[ColumnType, pa.Array]]] = []
-    sig_rows: list[np.ndarray] = []
-    for s, keys in enumerate(layouts):
-        idx = np.flatnonzero(sig_codes == s)
-        sig_rows.append(idx)
-        items = pc.split_pattern(body.take(pa.array(idx)), ",")
-        columns: dict[str, tuple[ColumnType, pa.Array]] = {}
-        for j, key in enumerate(keys):
-            values = pc.utf8_slice_codeunits(pc.list_element(items, j), len(key) + 1)
-            found = _field_column(values)
-            if found is None:
-                return None
-            columns[key] = found
-        typed.append(columns)
 
     # Names against each other and against the schema known so far (earlier blocks and the catalog).
-    measurement_of_head = [m for m, _ in heads]
-    plan: dict[str, dict[str, tuple[ColumnType, int]]] = {}
     first_row_of_head = np.full(len(heads), len(live), dtype=np.int64)
     np.minimum.at(first_row_of_head, head_codes, np.arange(len(live)))
+    heads_of: dict[str, list[int]] = {}
+    for h, (measurement, _) in enumerate(heads):
+        heads_of.setdefault(measurement, []).append(h)
     sigs_of_measurement: dict[str, set[int]] = {}
-    for pair in pairs:
-        h, s = divmod(int(pair), len(layouts))
-        sigs_of_measurement.setdefault(measurement_of_head[h], set()).add(s)
-    for h, (measurement, tags) in enumerate(heads):
+    for h, s in pairs:
+        sigs_of_measurement.setdefault(heads[h][0], set()).add(s)
+    plan: dict[str, dict[str, tuple[ColumnType, int]]] = {}
+    # A tag's line is the first line of any head holding it: found per (measurement, tag keys), heads in order.
+    first_of_keys: dict[tuple[str, tuple[str, ...]], int] = {}
+    for h, (measurement, _) in enumerate(heads):
+        combo = (measurement, tag_keys[h])
+        row = int(first_row_of_head[h])
+        if combo not in first_of_keys or row < first_of_keys[combo]:
+            first_of_keys[combo] = row
+    for (measurement, keys), row in first_of_keys.items():
         cols = plan.setdefault(measurement, {})
-        line = base + int(rows[first_row_of_head[h]]) + 1
-        for key in tags:
+        line = base + int(rows[row]) + 1
+        for key in keys:
             prior = cols.get(key)
             if prior is None or line < prior[1]:
                 cols[key] = (ColumnType.TAG, line)
+    in_measurement: dict[str, np.ndarray | None] = {
+        m: None if len(heads_of) == 1 else np.isin(head_codes, np.array(hs)) for m, hs in heads_of.items()}
     for measurement, sigs in sigs_of_measurement.items():
         cols = plan[measurement]
         for s in sigs:
             # The first line of this layout with this measurement.
-            heads_here = [h for h, (m, _) in enumerate(heads) if m == measurement]
-            mask = (sig_codes == s) & np.isin(head_codes, heads_here)
+            mask = sig_codes == s
+            here = in_measurement[measurement]
+            if here is not None:
+                mask &= here
             line = base + int(rows[int(np.argmax(mask))]) + 1
             for key, (kind, _) in typed[s].items():
                 prior = cols.get(key)
@@ -267,41 +402,68 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
         for key, value in cols.items():
             known.setdefault(key, value)
     parser.lines_read += len(arr)
+    return _pieces(plan, heads, head_codes, in_measurement, layouts, sig_rows, typed, times, base + rows + 1)
 
-    order = np.concatenate(sig_rows)
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order))
+
+def _pieces(plan: dict[str, dict[str, tuple[ColumnType, int]]], heads: list[tuple[str, dict[str, str]]],
+            head_codes: np.ndarray, in_measurement: Mapping[str, np.ndarray | None], layouts: list[list[str]],
+            sig_rows: list[np.ndarray], typed: list[dict[str, tuple[ColumnType, pa.Array]]], times: np.ndarray,
+            line_numbers: np.ndarray) -> list[Piece]:
+    """The accepted block's rows as one table per (measurement, day), in line order."""
+    n = len(times)
+    if len(layouts) == 1:
+        inverse = None  # the one layout's rows are the block's rows, in order
+    else:
+        order = np.concatenate(sig_rows)
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
     days = np.floor_divide(times, NS_PER_DAY)
-    line_numbers = base + rows + 1
     pieces: list[Piece] = []
     for measurement in sorted(plan):
         cols = plan[measurement]
-        in_measurement = np.isin(head_codes, np.array([h for h, (m, _) in enumerate(heads) if m == measurement]))
-        for day in np.unique(days[in_measurement]):
-            sel = np.flatnonzero(in_measurement & (days == day))
-            take = pa.array(sel)
+        here = in_measurement[measurement]
+        mine = days if here is None else days[here]
+        block_days = [mine[0]] if mine.min() == mine.max() else np.unique(mine)  # one day: no sort
+        tag_values = {key: strings([tags.get(key) for _, tags in heads])
+                      for key, (kind, _) in cols.items() if kind is ColumnType.TAG}
+        fields: dict[str, pa.Array] = {}
+        for key, (kind, _) in cols.items():
+            if kind is ColumnType.TAG:
+                continue
+            # Every layout's rows, in layout order (other measurements' rows are never taken): a layout
+            # without this field, or with it as another type elsewhere, gives NULLs.
+            parts_of = [typed[s][key][1] if key in typed[s] and typed[s][key][0] is kind
+                        else pa.nulls(len(sig_rows[s]), _ARROW[kind]) for s in range(len(layouts))]
+            fields[key] = parts_of[0] if len(parts_of) == 1 else pa.concat_arrays(parts_of)
+        for day in block_days:
+            if here is None and len(block_days) == 1:
+                sel = None  # the whole block: nothing to take
+            else:
+                mask = days == day
+                if here is not None:
+                    mask &= here
+                sel = np.flatnonzero(mask)
+            take = None if sel is None else from_numpy(sel)
             arrays: dict[str, pa.Array] = {}
             types: dict[str, ColumnType] = {}
             for key, (kind, _) in cols.items():
                 if kind is ColumnType.TAG:
-                    values = pa.array([heads[h][1].get(key) for h in range(len(heads))], pa.string())
-                    arrays[key] = values.take(pa.array(head_codes[sel]))
+                    arrays[key] = tag_values[key].take(from_numpy(head_codes if sel is None else head_codes[sel]))
+                elif inverse is None:
+                    arrays[key] = fields[key] if take is None else fields[key].take(take)
                 else:
-                    # Every layout's rows, in layout order (other measurements' rows are never taken): a
-                    # layout without this field, or with it as another type elsewhere, gives NULLs.
-                    parts_of = [typed[s][key][1] if key in typed[s] and typed[s][key][0] is kind
-                                else pa.nulls(len(sig_rows[s]), _ARROW[kind]) for s in range(len(layouts))]
-                    whole = pa.concat_arrays(parts_of)
-                    arrays[key] = whole.take(pa.array(inverse[sel]))
+                    arrays[key] = fields[key].take(from_numpy(inverse if sel is None else inverse[sel]))
                 types[key] = kind
             types[TIME] = ColumnType.TIME
-            arrays[TIME] = pa.array(times[sel], pa.int64())
+            count = n if sel is None else len(sel)
+            arrays[TIME] = from_numpy(times if sel is None else times[sel])
             schema = arrow_schema(types, with_seq=True)
-            data = [arrays[f.name] if f.name != WRITE_SEQ else pa.array(np.arange(len(sel), dtype=np.int64))
+            data = [arrays[f.name] if f.name != WRITE_SEQ else from_numpy(np.arange(count, dtype=np.int64))
                     for f in schema]
             table = pa.Table.from_arrays(data, schema=schema)
+            first, last = (0, n - 1) if sel is None else (int(sel[0]), int(sel[-1]))
             pieces.append(Piece(measurement, partition_of(int(day) * NS_PER_DAY), types, table,
-                                int(line_numbers[sel[0]]), int(line_numbers[sel[-1]])))
+                                int(line_numbers[first]), int(line_numbers[last])))
     return pieces
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -23,6 +24,7 @@ from iox_planner.catalog.store import Catalog
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError
 from iox_planner.faults import kill_point
+from iox_planner.ingest.arrow_np import from_numpy
 from iox_planner.ingest.blocks import Block, text_blocks
 from iox_planner.ingest.lp_vector import Piece, parse_block
 from iox_planner.ingest.lineprotocol import LineError, Point, Precision, StreamParser, describe_errors
@@ -233,7 +235,9 @@ def store_chunk(
     rel = chunk_path(db_id, table_id, partition_id)
     path = staged.root / rel
     staged.paths.append(path)
-    size = storage.write_parquet_atomic(data, path, metadata={"iox.kind": kind.value})
+    size = storage.write_parquet_atomic(
+        data, path, metadata={"iox.kind": kind.value},
+        dictionary=storage.dictionary_columns(columns) if kind is ChunkKind.INGESTER else None)
     mm = pc.min_max(data[TIME]).as_py()
     values = dict(
         object_id=path.stem, label=label, table_id=table_id, partition_id=partition_id, store=store,
@@ -260,8 +264,6 @@ def write_table(
 ) -> list[WrittenChunk]:
     """Store an Arrow table (int64 ns `time`) as chunks of `table_name`, one per day partition, in one
     transaction. For ingester chunks `data` must carry `__seq`; Parquet chunks are deduplicated and sorted."""
-    import numpy as np
-
     staged = Staged(warehouse or default_warehouse())
     with staged.transaction(catalog) as conn:
         db_id = catalog.ensure_database(conn, db)
@@ -400,7 +402,7 @@ class _Pending:
             tables.append(pa.Table.from_arrays(arrays, schema=schema))
         data = pa.concat_tables(tables)  # chunked: no second copy of the rows
         data = data.set_column(len(schema) - 1, schema.field(WRITE_SEQ),
-                               pa.array(range(data.num_rows), type=pa.int64()))
+                               from_numpy(np.arange(data.num_rows, dtype=np.int64)))
         lines = {self.first_line, self.last_line}
         self.pieces, self.rows = [], 0
         return columns, data, lines
@@ -423,7 +425,7 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
             part = data.slice(start, limit)
             if start:
                 part = part.set_column(part.num_columns - 1, part.schema.field(WRITE_SEQ),
-                                       pa.array(range(part.num_rows), type=pa.int64()))
+                                       from_numpy(np.arange(part.num_rows, dtype=np.int64)))
             written.append(store_chunk(catalog, conn, staged, db_id, key[0], key[1], part, columns,
                                        kind=ChunkKind.INGESTER, lines=lines))
 

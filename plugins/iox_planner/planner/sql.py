@@ -36,13 +36,13 @@ from sqlglot.optimizer.scope import Scope, build_scope, traverse_scope
 from sqlglot.schema import MappingSchema
 from sqlglot.tokenizer_core import Token, TokenType
 
-from iox_planner.errors import BadInputError, BadQueryError, UnsupportedError
+from iox_planner.errors import BadInputError, BadQueryError, UnsupportedError, check_text
 from iox_planner.model import (
     HIDDEN_PREFIX, INTERNAL_NAMES, INTERNAL_PREFIX, NS_PREFIX, SPARK_SQL_TYPES, TIME, TIME_NS, VIEW_PREFIX,
     ColumnType, TableSchema,
 )
 from iox_planner.planner.functions import ALLOWED, HINTS, REFUSED, SYNTAX
-from iox_planner.planner.limits import SqlLimits, check_size, check_text, depth_error, nodes_error
+from iox_planner.planner.limits import SqlLimits, check_size, depth_error, nodes_error
 from iox_planner.planner.nodes import ParamValue
 from iox_planner.planner.predicate import SPARK, Conjunct, column, identifier, split_conjuncts, to_sql
 from iox_planner.planner.timebounds import combine, expression_time_bounds

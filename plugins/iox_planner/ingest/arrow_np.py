@@ -1,0 +1,59 @@
+"""Arrow arrays to and from numpy through their buffers, never through pyarrow's converters.
+
+`pa.array(...)`, `Array.to_numpy()` and a Python number passed to a compute function all go through pyarrow's
+pandas shim, which imports pandas the first time: about a third of a CPU-second, more than the whole parse of
+100,000 lines. The write path (blocks, the vectorized parser, chunk building) uses these instead, and
+`tests/test_stream_write.py` checks that a write imports neither pandas nor the planner.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+_TYPES: dict[np.dtype[Any], pa.DataType] = {
+    np.dtype(np.int64): pa.int64(), np.dtype(np.int32): pa.int32(), np.dtype(np.uint64): pa.uint64(),
+    np.dtype(np.float64): pa.float64()}
+_DTYPES = {v: k for k, v in _TYPES.items()}
+
+
+def from_numpy(values: np.ndarray) -> pa.Array:
+    """A 1-D numpy array of int64, int32, uint64 or float64 as an Arrow array without nulls (no copy when it is
+    contiguous)."""
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(_TYPES[values.dtype], len(values), [None, pa.py_buffer(values)])
+
+
+def to_numpy(arr: pa.Array) -> np.ndarray:
+    """A primitive Arrow array without nulls (int, uint, float; not boolean) as a read-only numpy view."""
+    if arr.null_count:
+        raise ValueError("to_numpy: the array has nulls")
+    dtype = _DTYPES[arr.type]
+    view: np.ndarray = np.frombuffer(arr.buffers()[1], dtype=dtype)
+    return view[arr.offset:arr.offset + len(arr)]
+
+
+def strings(values: Sequence[str | None]) -> pa.Array:
+    """Python strings (None for null) as an Arrow string array."""
+    n = len(values)
+    texts = [v if v is not None else "" for v in values]
+    joined = "".join(texts)
+    if joined.isascii():  # the usual case: one encode, lengths in characters are lengths in bytes
+        data = joined.encode("ascii")
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+    else:
+        encoded = [t.encode("utf-8") for t in texts]
+        data = b"".join(encoded)
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    bitmap = None
+    if None in values:
+        valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
+        bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    wide = int(offsets[-1]) >= 2**31
+    return pa.Array.from_buffers(pa.large_string() if wide else pa.string(), n,
+                                 [bitmap, pa.py_buffer(offsets if wide else offsets.astype(np.int32)),
+                                  pa.py_buffer(data)])
