@@ -5,15 +5,18 @@ its publication and its catalog transaction. After each: the output is complete 
 and a retry of the commit task (`airflow tasks test iox_query commit <run id>`, what clearing the task does) or the
 next run publishes exactly seed 001's hand-computed answer, leaving nothing beside the output.
 
-The commit-task kills reuse ONE Spark result: a first run executes its Spark job for real and is paused as its
-commit task starts (IOX_FAULT_PAUSE_AT=commit.start, plugins/iox_planner/faults.py), where the test copies that
-result aside. Every later run is a real `airflow dags test` whose `run` task is marked successful instead of
-started (`--mark-success-pattern`); it is paused the same way, the copied result is put where its Spark job would
-have written it (the same plan over the same catalog: the same rows), then it is continued and killed. The
-process killed is the real Airflow process running the real commit task.
+The commit-task cases reuse ONE Spark result. Every run there is a real `airflow dags test` whose `run` task is
+marked successful instead of started (`--mark-success-pattern`), paused as its commit task starts
+(IOX_FAULT_PAUSE_AT=commit.start, plugins/iox_planner/faults.py); the first one's Spark job runs in this process's
+shared SparkSession on the plan its plan task wrote, and that result is put where each later run's Spark job
+would have written it (the same plan over the same catalog: the same rows). Then the run is continued and killed:
+the process killed is the real Airflow process running the real commit task. The Postgres cases use a cluster of
+the module's own (never the other tests' catalog).
 
-CI samples one random and one named commit-task point; IOX_FAULT_POINTS >= 5 runs that many random points plus
-every named point, and that many spark-submit kill points (seeded by IOX_FAULT_SEED)."""
+CI samples the named point inside the commit's transaction and one Postgres restart in the commit task (a fixed
+seed makes a CI "random" point one fixed case anyway); IOX_FAULT_POINTS >= 5 runs that many seeded random points
+plus every named point, that many Postgres restarts in the commit task and while the Spark job runs, and that
+many spark-submit kill points (seeded by IOX_FAULT_SEED)."""
 
 from __future__ import annotations
 
@@ -248,34 +251,21 @@ class AfWorld:
         self.output.parent.mkdir()
         self.conf = {"db": db, "sql": QUERY, "output": str(self.output), "format": "jsonl"}
         self.spark_result = folder / "spark-result"
-        self.commit_seconds = 0.0
+        self._commit_seconds: float | None = None
         self.logs = 0
 
     def start(self, args: list[str], **env: str) -> Paused:
         self.logs += 1
         return Paused({**self.env, **env}, args, self.folder / f"airflow-{self.logs}.log")
 
-    def reference(self) -> None:
-        """The one run whose Spark job runs: its result is copied aside as its commit starts, and the commit's
-        duration (to the Airflow process's exit) measured."""
-        run = self.start(["dags", "test", "iox_query", "-c", json.dumps(self.conf)], IOX_FAULT_PAUSE_AT="commit.start")
-        assert run.wait_paused(), f"the reference run never reached its commit: {run.output()[-4000:]}"
-        staging = self.staging()
-        self.spark_result.mkdir()
-        for name in ("result.jsonl", "metrics.json"):
-            shutil.copy2(staging / name, self.spark_result / name)
-        started = time.monotonic()
-        run.resume()
-        assert run.finish() == 0 and "state=success" in run.output(), run.output()[-4000:]
-        self.commit_seconds = time.monotonic() - started
-        self.check_done("reference run")
-
     def staging(self) -> Path:
         [staging] = [p for p in self.output.parent.iterdir() if p.name.startswith(f".{self.output.name}.iox-run-")]
         return staging
 
     def armed(self, **env: str) -> Paused:
-        """A new run, paused as its commit task starts, with the Spark result in its staging folder."""
+        """A new run, paused as its commit task starts, with the Spark result in its staging folder. The first
+        one's Spark job runs here, in this process's shared SparkSession (no JVM start of its own), on the plan its
+        plan task wrote; its result is kept for the later runs."""
         run = self.start(["dags", "test", "iox_query", "-c", json.dumps(self.conf), "--mark-success-pattern", "run"],
                          IOX_FAULT_PAUSE_AT="commit.start", **env)
         if not run.wait_paused():
@@ -283,9 +273,40 @@ class AfWorld:
             raise AssertionError(f"the run never reached its commit: {run.output()[-4000:]}")
         staging = self.staging()
         assert not (staging / "metrics.json").exists(), "the run task was to be marked successful, not run"
+        if not self.spark_result.exists():
+            self._spark_job(staging / "plan.json")
         for name in ("result.jsonl", "metrics.json"):
             shutil.copy2(self.spark_result / name, staging / name)
         return run
+
+    def _spark_job(self, plan_file: Path) -> None:
+        import argparse
+
+        from iox_planner.catalog.publications import CatalogLedger
+        from iox_planner.cli import runner
+        from iox_planner.output.publish import publishing_as
+        from iox_planner.planner.serde import plan_from_json
+        from spark_jobs.run_plan import run as run_plan
+
+        folder = self.folder / "spark-job"
+        folder.mkdir()
+        with publishing_as("fault test spark job", CatalogLedger(self.catalog)):
+            rows = run_plan(plan_from_json(plan_file.read_text()), runner.session(), argparse.Namespace(
+                warehouse=str(self.fw.warehouse), format="jsonl", output=str(folder / "result.jsonl"),
+                strategy=None))
+        (folder / "metrics.json").write_text(json.dumps({"rows": rows}))
+        folder.rename(self.spark_result)
+
+    def commit_seconds(self) -> float:
+        """How long a commit task takes, continued to the Airflow process's exit (measured once, uninterrupted)."""
+        if self._commit_seconds is None:
+            run = self.armed()
+            started = time.monotonic()
+            run.resume()
+            assert run.finish() == 0 and "state=success" in run.output(), run.output()[-4000:]
+            self._commit_seconds = time.monotonic() - started
+            self.check_done("the measured run")
+        return self._commit_seconds
 
     def rerun(self, context: str) -> None:
         """A new run of the same conf, to its end."""
@@ -325,7 +346,8 @@ class AfWorld:
 
 
 @pytest.fixture(scope="module")
-def af_world(airflow_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[AfWorld]:
+def af_world(airflow_env: dict[str, str], spark: object, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[AfWorld]:
     base = own_base()
     pg = localpg.start_cluster(base)
     try:
@@ -335,10 +357,7 @@ def af_world(airflow_env: dict[str, str], tmp_path_factory: pytest.TempPathFacto
         catalog.migrate()
         db = "af_fault_h2o"
         load_scenario(catalog, read_scenario(ROOT / "examples" / "h2o.yaml"), db=db, warehouse=warehouse)
-        world = AfWorld(airflow_env, FaultWorld(base, pg, url, warehouse, catalog), db,
-                        tmp_path_factory.mktemp("af_fault"))
-        world.reference()
-        yield world
+        yield AfWorld(airflow_env, FaultWorld(base, pg, url, warehouse, catalog), db, tmp_path_factory.mktemp("af_fault"))
         catalog.dispose()
     finally:
         localpg.stop_cluster(pg, "immediate")
@@ -355,12 +374,13 @@ def test_commit_task_killed_at_random_and_named_points(af_world: AfWorld) -> Non
     no staged result and marked the run failed over an output it had already replaced."""
     w = af_world
     rng = random.Random(f"{SEED}:airflow-commit-task")
-    points: list[tuple[str, float | None]] = [(f"random {i}", rng.uniform(0, w.commit_seconds * 1.1))
+    seconds = w.commit_seconds() if COMMIT_POINTS else 0.0
+    points: list[tuple[str, float | None]] = [(f"random {i}", rng.uniform(0, seconds * 1.1))
                                               for i in range(COMMIT_POINTS)]
     points += [(name, None) for name in (NAMED_POINTS if FULL else CI_NAMED)]
     found = {"killed": 0, "finished first": 0, "run left running": 0, "run left succeeded": 0}
     for point, delay in points:
-        when = f"SIGKILL {delay:.3f} s into its {w.commit_seconds:.3f} s" if delay is not None else "named"
+        when = f"SIGKILL {delay:.3f} s into its {seconds:.3f} s" if delay is not None else "named"
         context = _replay("airflow iox_query commit task", f"{point} ({when})")
         run = w.armed(**({} if delay is not None else {"IOX_FAULT_KILL_AT": point}))
         run.resume()
@@ -402,16 +422,18 @@ def test_killed_commit_is_cleaned_by_the_next_run(af_world: AfWorld) -> None:
 
 def test_postgres_restarted_during_the_commit_task(af_world: AfWorld) -> None:
     """The catalog's Postgres (this module's own cluster) stopped, immediate mode, at seeded random moments across
-    the commit task's measured duration and started again 0.7 s later. The run either succeeds or fails with
-    the retryable catalog error recorded (once Postgres is back: run failed, lock released, nothing partial);
-    never left running. A new run then publishes the answer."""
+    the commit task's measured duration and started again 0.7 s later (CI: one restart, Postgres stopped as the
+    commit task starts). The run either succeeds or fails with the retryable catalog error recorded (once
+    Postgres is back: run failed, lock released, nothing partial); never left running. A new run then publishes
+    the answer."""
     w = af_world
     rng = random.Random(f"{SEED}:airflow-commit-postgres")
+    seconds = w.commit_seconds() if FULL else 0.0
     outcomes = {"succeeded": 0, "failed retryably": 0}
     for point in range(RESTARTS):
-        delay = rng.uniform(0, w.commit_seconds * 1.1)
+        delay = rng.uniform(0, seconds * 1.1)
         context = _replay("airflow iox_query commit task + Postgres restart",
-                          f"{point} (stop {delay:.3f} s into its {w.commit_seconds:.3f} s)")
+                          f"{point} (stop {delay:.3f} s into its {seconds:.3f} s)")
         run = w.armed()
         with Restarter(w.fw, delay):
             run.resume()

@@ -172,6 +172,8 @@ def test_materialize_commit_killed_at_named_points(fw: FaultWorld, spark: object
     assert unreferenced_files(fw, m.db) == []
 
 
+@pytest.mark.skipif(not FULL, reason="CI samples the named point commit.after_commit (and the Airflow suite's "
+                    "commit.before_commit); with the fixed seed a CI random point is one fixed case too")
 def test_materialize_commit_killed_at_random_points(fw: FaultWorld, spark: object, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     rng = rng_for("materialize")
