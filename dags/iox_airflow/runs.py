@@ -403,10 +403,12 @@ def _record_failure(catalog: Any, run_pk: int, key: Any, run: RunIdentity, stagi
 
 def _publish(staged: Path, output: Path, fmt: ResultFormat) -> None:
     """Publish the staged result over the output: a rename on the same filesystem, by output/publish.py's rules
-    (the catalog's publication record, not a marker). What is renamed is a hard link of the staged result (a
-    folder: of each file), not the staged result itself: a commit killed after the rename but before its
+    (the catalog's publication record, not a marker). What is renamed is a hard link of the staged file, or a
+    copy of the staged folder, not the staged result itself: a commit killed after the rename but before its
     transaction committed is retried, and the retry must find the result where the Spark job left it and publish
-    it again (the same bytes) rather than fail the run over an output it already replaced."""
+    it again (the same bytes) rather than fail the run over an output it already replaced. (A folder is copied:
+    its files linked again would change the published files' ctime, which a folder's fingerprint includes, and the
+    retry would refuse the output as changed by someone else.)"""
     from iox_planner.output.publish import staged_file, staged_folder
 
     if not staged.exists():
@@ -414,7 +416,7 @@ def _publish(staged: Path, output: Path, fmt: ResultFormat) -> None:
     publish = staged_folder if fmt.is_folder else staged_file
     with publish(output) as tmp:
         if fmt.is_folder:
-            shutil.copytree(staged, tmp, symlinks=True, copy_function=os.link)
+            shutil.copytree(staged, tmp, symlinks=True)
         else:
             os.link(staged, tmp)
 
