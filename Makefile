@@ -32,7 +32,7 @@ test: venv
 	$(BIN)/python -m pytest tests/airflow --durations=10 $(PYTEST_ARGS)
 
 # The soak / race test at full length (make test runs it for IOX_SOAK_SECONDS=30), and the fault-injection suite
-# with ten kill points per operation (make test samples two, one for queries).
+# (tests/faults and the Airflow fault tests) with ten kill points per operation (make test samples a few: README).
 IOX_SOAK_SECONDS ?= 60
 soak: venv
 	IOX_SOAK_SECONDS=$(IOX_SOAK_SECONDS) $(BIN)/python -m pytest -q -s tests/test_soak.py $(PYTEST_ARGS)
@@ -40,6 +40,7 @@ soak: venv
 IOX_FAULT_POINTS ?= 10
 faults: venv
 	IOX_FAULT_POINTS=$(IOX_FAULT_POINTS) $(BIN)/python -m pytest -q -s tests/faults $(PYTEST_ARGS)
+	IOX_FAULT_POINTS=$(IOX_FAULT_POINTS) $(BIN)/python -m pytest -q -s tests/airflow/test_airflow_faults.py $(PYTEST_ARGS)
 
 demo: venv
 	bash scripts/demo.sh

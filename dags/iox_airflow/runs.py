@@ -34,7 +34,17 @@ PARTS_JOB = jobs_dir() / "run_parts.py"
 
 
 class RunFailed(Exception):
-    """A run step failed and has already recorded it (run marked failed, lock released, staging removed)."""
+    """A run step failed and has already recorded it (run marked failed, lock released, staging removed).
+    `exit_code` is the cause's (75: the catalog was unreachable, retry the run)."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+RECORD_FAILURE_WAIT_S = 20.0
+"""How long a failed step keeps trying to record its failure while the catalog is unreachable (a Postgres restart
+takes seconds): recorded, the run's lock is free at once for a rerun; not, it holds until IOX_RUN_LOCK_TTL_S."""
 
 
 @dataclass(frozen=True)
@@ -258,20 +268,22 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
     it as a catalog table too; record the run as succeeded and release its lock, all in one catalog transaction
     that first checks the lock is still ours. Any failure: the run is marked failed, nothing is published."""
     from iox_planner.catalog import runs
+    from iox_planner.catalog.store import Catalog
 
-    catalog = _catalog()
+    kill_point("commit.start")
+    catalog = Catalog()  # connects on first use, inside the try: a catalog unreachable from the start is a failure
     staging = Staging(Path(handle["staging"]))
     run_pk = int(handle["query_run"])
     key = request.lock_key()
-    done = runs.get_run(catalog, run_pk)
-    if done is not None and done["status"] == runs.RunStatus.SUCCESS.value:
-        # This commit already happened (the task was cleared and ran again, or was killed after its transaction
-        # committed, before removing the staging folder): finish the tidying, change nothing else. Going on would
-        # find the lock released and mark a succeeded run failed.
-        staging.remove()
-        catalog.dispose()
-        return CommitOutcome(run_pk, str(request.output), int(done["row_count"] or 0), None)
     try:
+        catalog.require_schema()
+        done = runs.get_run(catalog, run_pk)
+        if done is not None and done["status"] == runs.RunStatus.SUCCESS.value:
+            # This commit already happened (the task was cleared and ran again, or was killed after its
+            # transaction committed, before removing the staging folder): finish the tidying, change nothing else.
+            # Going on would find the lock released and mark a succeeded run failed.
+            staging.remove()
+            return CommitOutcome(run_pk, str(request.output), int(done["row_count"] or 0), None)
         fmt = spark_format(request)
         if not staging.metrics.exists():
             raise BadInputError(f"the Spark job left no result in {staging.root}; it did not finish")
@@ -345,34 +357,68 @@ def reject(params: Mapping[str, Any], run: RunIdentity, message: str) -> None:
 
 def _fail_run(err: BaseException, doing: str, catalog: Any, run_pk: int, key: Any, run: RunIdentity,
               staging: Staging) -> NoReturn:
-    """Mark the run failed (lock released, staging removed) and raise: a user's mistake as RunFailed with its
-    one-paragraph message, anything else as it was."""
-    message = str(err) if isinstance(err, IoxError) else f"internal error while {doing}: {err!r}"
-    _record_failure(catalog, run_pk, key, run, staging, message)
-    if isinstance(err, IoxError):
-        raise RunFailed(message) from err
+    """Mark the run failed (lock released, staging removed) and raise: a user's mistake or a lost catalog as
+    RunFailed with its one-paragraph message, anything else as it was."""
+    from iox_planner.catalog.store import catalog_unavailable
+
+    lost = catalog_unavailable(err)
+    cause = lost if lost is not None else err
+    message = str(cause) if isinstance(cause, IoxError) else f"internal error while {doing}: {err!r}"
+    recorded = _record_failure(catalog, run_pk, key, run, staging, message)
+    if isinstance(cause, IoxError):
+        if not recorded:
+            message += ("; the run could not be marked failed either, so its lock on the output holds until "
+                        "IOX_RUN_LOCK_TTL_S (retrying this task once the catalog is back finishes the run)")
+        raise RunFailed(message, cause.exit_code) from err
     raise err
 
 
-def _record_failure(catalog: Any, run_pk: int, key: Any, run: RunIdentity, staging: Staging, message: str) -> None:
-    from iox_planner.catalog import runs
+def _record_failure(catalog: Any, run_pk: int, key: Any, run: RunIdentity, staging: Staging, message: str) -> bool:
+    """Mark the run failed and release its lock, then remove its staging folder. While the catalog is
+    unreachable, keep trying for RECORD_FAILURE_WAIT_S; if it stays so, leave the staging folder (a retry of the
+    step may still use it) and return False. A run the catalog already has as succeeded stays so (finish_run): a
+    COMMIT whose answer was lost may have happened."""
+    import time
 
-    try:
-        runs.finish_run(catalog, run_pk, runs.RunStatus.FAILED, error=message)
-        runs.release_lock(catalog, key, run.holder)
-    finally:
-        staging.remove()
+    from iox_planner.catalog import runs
+    from iox_planner.catalog.store import catalog_unavailable
+
+    deadline = time.monotonic() + RECORD_FAILURE_WAIT_S
+    while True:
+        try:
+            runs.finish_run(catalog, run_pk, runs.RunStatus.FAILED, error=message)
+            runs.release_lock(catalog, key, run.holder)
+            break
+        except Exception as err:
+            if catalog_unavailable(err) is None:
+                staging.remove()
+                raise
+            if time.monotonic() > deadline:
+                return False
+            catalog.engine.dispose()  # the pool's connections died with the server
+            time.sleep(0.5)
+    staging.remove()
+    return True
 
 
 def _publish(staged: Path, output: Path, fmt: ResultFormat) -> None:
-    """Move the staged result over the output: a rename on the same filesystem, by output/publish.py's rules (the catalog's publication record, not a marker)."""
+    """Publish the staged result over the output: a rename on the same filesystem, by output/publish.py's rules
+    (the catalog's publication record, not a marker). What is renamed is a hard link of the staged file, or a
+    copy of the staged folder, not the staged result itself: a commit killed after the rename but before its
+    transaction committed is retried, and the retry must find the result where the Spark job left it and publish
+    it again (the same bytes) rather than fail the run over an output it already replaced. (A folder is copied:
+    its files linked again would change the published files' ctime, which a folder's fingerprint includes, and the
+    retry would refuse the output as changed by someone else.)"""
     from iox_planner.output.publish import staged_file, staged_folder
 
     if not staged.exists():
         raise BadInputError(f"the staged result {staged} is missing; the Spark job did not write it")
     publish = staged_folder if fmt.is_folder else staged_file
     with publish(output) as tmp:
-        os.replace(staged, tmp)
+        if fmt.is_folder:
+            shutil.copytree(staged, tmp, symlinks=True)
+        else:
+            os.link(staged, tmp)
 
 
 def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, staged: Path) -> tuple[int, dict[str, Any]]:

@@ -1,11 +1,15 @@
-"""Named kill points: narrow windows the fault-injection tests (tests/faults/) hit on purpose.
+"""Named kill points: narrow windows the fault-injection tests (tests/faults/, tests/airflow/test_airflow_faults.py)
+hit on purpose.
 
 `IOX_FAULT_KILL_AT=<name>` makes the process SIGKILL its own process group (the command and, in-process, its Spark
-JVM) when it reaches `kill_point(<name>)`, as a power cut there would. The variable is read once, at import: unset
-(always, outside those tests) a kill point costs one comparison with None. Names in use: `write.before_commit`,
-`persist.before_commit`, `bulk.after_tasks` and `bulk.before_commit` (`ingest/bulk.py`), `publish.before_rename`,
+JVM) when it reaches `kill_point(<name>)`, as a power cut there would. `IOX_FAULT_PAUSE_AT=<name>` makes it stop
+itself there (SIGSTOP) until the test continues it (SIGCONT): the test learns exactly when a step starts (its parent
+sees the stop with waitpid), may change the world meanwhile, and then kills at a measured moment after that point.
+Both variables are read once, at import: unset (always, outside those tests) a kill point costs two comparisons
+with None. Names in use: `write.before_commit`, `persist.before_commit`, `bulk.after_tasks` and
+`bulk.before_commit` (`ingest/bulk.py`), `publish.before_rename`,
 `publish.after_rename`, `publish.old_moved_aside`, and in the DAGs' commit step (`dags/iox_airflow/runs.py`)
-`commit.before_commit`, `commit.after_commit`."""
+`commit.start`, `commit.before_commit`, `commit.after_commit`."""
 
 from __future__ import annotations
 
@@ -13,9 +17,13 @@ import os
 import signal
 
 _KILL_AT = os.environ.get("IOX_FAULT_KILL_AT") or None
+_PAUSE_AT = os.environ.get("IOX_FAULT_PAUSE_AT") or None
 
 
 def kill_point(name: str) -> None:
-    """Die here, at once and without cleanup, if IOX_FAULT_KILL_AT names this point."""
+    """Die here, at once and without cleanup, if IOX_FAULT_KILL_AT names this point; stop here until continued if
+    IOX_FAULT_PAUSE_AT names it."""
+    if _PAUSE_AT is not None and _PAUSE_AT == name:
+        os.kill(os.getpid(), signal.SIGSTOP)
     if _KILL_AT is not None and _KILL_AT == name:
         os.killpg(os.getpgrp(), signal.SIGKILL)

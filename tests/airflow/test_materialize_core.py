@@ -175,3 +175,44 @@ def test_piled_up_partitions(catalog: Catalog, db: str) -> None:
     assert persist.tables_to_persist(mine) == [(db, "cpu"), (db, "mem")]
     persist.persist(catalog, db, table="cpu")
     assert [p.table for p in persist.piled_up_partitions(catalog, 3) if p.db == db] == ["mem"]
+
+
+def test_a_failure_never_overwrites_a_succeeded_run(catalog: Catalog, db: str) -> None:
+    """A commit whose COMMIT answer was lost (Postgres restarted) reports a failure; the run may have succeeded."""
+    run = runs.start_run(catalog, database=db, params={}, dag_id="core", run_id=f"lost-commit-{db}")
+    runs.finish_run(catalog, run, runs.RunStatus.SUCCESS, row_count=3)
+    runs.finish_run(catalog, run, runs.RunStatus.FAILED, error="the catalog's Postgres was unreachable")
+    found = runs.get_run(catalog, run)
+    assert found is not None and found["status"] == "success" and found["row_count"] == 3 and found["error"] is None
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_publishing_a_staged_result_leaves_it_for_a_retry(catalog: Catalog, tmp_path: Path, fmt: str) -> None:
+    """Regression: the commit step moved the staged result into place, so a commit killed after the rename but
+    before its transaction committed could not be retried (no staged result left: the run was failed)."""
+    from iox_airflow.query_request import ResultFormat
+    from iox_airflow.runs import _publish
+
+    from iox_planner.catalog.publications import CatalogLedger
+    from iox_planner.output.publish import publishing_as
+
+    staged = tmp_path / "stage" / ("result" if fmt == "parquet" else "result.jsonl")
+    staged.parent.mkdir()
+    if fmt == "parquet":
+        staged.mkdir()
+        pq.write_table(pa.table({"x": [1, 2]}), staged / "part-00000.parquet")
+    else:
+        staged.write_text('{"x": 1}\n{"x": 2}\n')
+    output = tmp_path / "out" / ("r" if fmt == "parquet" else "r.jsonl")
+    output.parent.mkdir()
+
+    def published() -> list[Any]:
+        if fmt == "parquet":
+            return pq.read_table(output / "part-00000.parquet").column("x").to_pylist()
+        return output.read_text().splitlines()
+
+    with publishing_as("core/retry", CatalogLedger(catalog)):
+        for _ in range(2):  # the commit, then its retry
+            _publish(staged, output, ResultFormat(fmt))
+            assert staged.exists() and published() in ([1, 2], ['{"x": 1}', '{"x": 2}'])
+    assert sorted(p.name for p in output.parent.iterdir()) == [output.name]

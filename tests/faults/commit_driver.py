@@ -1,5 +1,6 @@
 """Runs the DAGs' commit step (dags/iox_airflow/runs.py `commit`) for one prepared run, as the commit task would,
-in a process of its own that the fault tests kill. Argument: a JSON spec (request, run identity, handle)."""
+in a process of its own that the fault tests kill (or whose Postgres they restart). Exit status as the CLI's: 0,
+1 for a failed run, 75 when it failed because the catalog was unreachable. Argument: a JSON spec (request, run identity, handle)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def main() -> int:
         outcome = commit(request, RunIdentity(spec["dag_id"], spec["run_id"]), spec["handle"])
     except RunFailed as err:
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return err.exit_code  # 75: the catalog was unreachable (the retryable error)
     print(json.dumps({"rows": outcome.rows, "registered": outcome.registered}))
     return 0
 

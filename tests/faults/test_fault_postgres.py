@@ -6,8 +6,6 @@ gives the tally's answer."""
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -15,56 +13,13 @@ from typing import Callable
 
 import pytest
 
-from fault_support import (report, KEYS, POINTS, QUERY, FaultWorld, Outcome, Tally, assert_clean_failure, batch,
-                           catalog_problems, hidden_siblings, naive_answer, read_output, replay, rng_for,
+from fault_support import (RESTARTS, report, KEYS, QUERY, FaultWorld, Restarter, Tally, batch, catalog_problems,
+                           failed_retryably, hidden_siblings, naive_answer, read_output, replay, rng_for,
                            rows_of_write, run_and_kill, unreferenced_files)
 from iox_planner.ingest.persist import persist
 from iox_planner.ingest.write import write_line_protocol
 
 pytestmark = pytest.mark.slow
-
-# CI restarts Postgres once per operation (the CI budget); an explicit IOX_FAULT_POINTS applies here too.
-RESTARTS = POINTS if "IOX_FAULT_POINTS" in os.environ else 1
-
-
-class Restarter:
-    """Stops the cluster after `delay` seconds (immediate mode: a crash, no checkpoint), keeps it down for
-    `down` seconds, starts it again on the same port."""
-
-    def __init__(self, fw: FaultWorld, delay: float, down: float = 0.7) -> None:
-        self.fw = fw
-        self.delay = delay
-        self.down = down
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.error: BaseException | None = None
-
-    def _run(self) -> None:
-        try:
-            time.sleep(self.delay)
-            self.fw.stop_pg("immediate")
-            time.sleep(self.down)
-            self.fw.start_pg()
-        except BaseException as err:  # noqa: BLE001 - reported by join()
-            self.error = err
-
-    def __enter__(self) -> "Restarter":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.thread.join(timeout=120)
-        assert not self.thread.is_alive(), "Postgres did not come back"
-        if self.error is not None:
-            raise self.error
-
-
-def _failed_retryably(outcome: Outcome, context: str) -> bool:
-    assert_clean_failure(outcome, context)
-    if outcome.returncode != 0:
-        assert outcome.returncode == 75, f"{context}: not the retryable catalog error: {outcome.stderr[:2000]}"
-        return True
-    return False
-
 
 def _measure(run: Callable[[], object]) -> float:
     started = time.monotonic()
@@ -86,7 +41,7 @@ def test_postgres_restarted_during_write(fw: FaultWorld) -> None:
         context = replay("write + Postgres restart", f"{point} (stop after {delay:.3f} s of {first.seconds:.3f} s)")
         with Restarter(fw, delay):
             outcome = run_and_kill(["write", "--db", db, "-"], fw.env(), None, stdin=batch(i))
-        failed += _failed_retryably(outcome, context)
+        failed += failed_retryably(outcome, context)
         assert catalog_problems(fw, db) == [], context
         landed = rows_of_write(fw, db, i)
         assert landed == (2 * KEYS if outcome.returncode == 0 else landed) and landed in (0, 2 * KEYS), context
@@ -117,7 +72,7 @@ def test_postgres_restarted_during_persist(fw: FaultWorld) -> None:
         context = replay("persist + Postgres restart", f"{point} (stop after {delay:.3f} s of {first.seconds:.3f} s)")
         with Restarter(fw, delay):
             outcome = run_and_kill(["persist", "--db", db], fw.env(), None)
-        failed += _failed_retryably(outcome, context)
+        failed += failed_retryably(outcome, context)
         assert catalog_problems(fw, db) == [], context
         assert naive_answer(fw, db, "m", ("k", "time")) == tally.expected, context
         rerun = run_and_kill(["persist", "--db", db], fw.env(), None)

@@ -90,7 +90,8 @@ def finish_run(
     conn: Connection | None = None,
 ) -> None:
     """Mark a run finished. A failure keeps the first error recorded (the most specific one: the plan task's, or
-    the Spark job's), so a later, vaguer report does not overwrite it."""
+    the Spark job's), so a later, vaguer report does not overwrite it, and never overwrites a success (a step
+    whose COMMIT lost its answer does not know whether it happened, and reports a failure)."""
     if status is RunStatus.RUNNING:
         raise ValueError("finish_run needs a final status")
     done = sa.func.clock_timestamp()
@@ -102,8 +103,11 @@ def finish_run(
         values.update(row_count=row_count, error=None)
     else:
         values["error"] = sa.func.coalesce(query_runs.c.error, error)
+    where = query_runs.c.id == run
+    if status is RunStatus.FAILED:
+        where = sa.and_(where, query_runs.c.status != RunStatus.SUCCESS.value)
     with _transaction(catalog, conn) as c:
-        c.execute(query_runs.update().where(query_runs.c.id == run).values(**values))
+        c.execute(query_runs.update().where(where).values(**values))
 
 
 def get_run(catalog: Catalog, run: int) -> dict[str, Any] | None:

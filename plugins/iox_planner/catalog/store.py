@@ -27,6 +27,25 @@ from iox_planner.errors import BadInputError, CatalogError, CatalogUnavailableEr
 from iox_planner.model import MAX_ORDER, Chunk, ChunkKind, ColumnType, TableSchema
 from iox_planner.timeutil import NS_PER_DAY
 
+
+def catalog_unavailable(error: BaseException) -> CatalogUnavailableError | None:
+    """A lost or refused catalog connection (SQLAlchemy's OperationalError or InterfaceError, anywhere in the
+    exception's chain) as the retryable error it is; None for anything else. The CLI's last line of defence and
+    the DAGs' run steps both read a lost catalog this way."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, (sa.exc.OperationalError, sa.exc.InterfaceError)):
+            first = str(getattr(seen, "orig", None) or seen).strip().splitlines()
+            detail = first[0] if first else type(seen).__name__
+            return CatalogUnavailableError(
+                f"the catalog's Postgres was unreachable, dropped the connection or aborted the transaction ({detail}); "
+                "the command "
+                "changed all or nothing, each catalog change being one transaction. Run it again once Postgres is "
+                "back (writing the same lines again is safe: a point written twice deduplicates to one)")
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 COMPACTION_LOCK = 0x1C0_0000_0000_0000
 """Advisory lock key base of compaction: partition `p` is locked as `COMPACTION_LOCK + p` (ids stay far below
 2^56, so no key reaches the migration lock's or wraps)."""

@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 from rich.console import Console
 
 from iox_planner import __version__
-from iox_planner.errors import BadInputError, CatalogUnavailableError, IoxError, clip_message
+from iox_planner.errors import BadInputError, IoxError, clip_message
 
 # Off a terminal (pipes, files, CI logs) rich would wrap tables at 80 columns: never wrap there, since a
 # reader of piped output wants whole lines.
@@ -397,6 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as error:  # noqa: BLE001 - the last line of defence: one paragraph, no traceback
+        from iox_planner.catalog.store import catalog_unavailable
+
         lost = catalog_unavailable(error)
         if lost is not None:
             err.print(clip_message(f"error: {lost}"), markup=False)
@@ -406,25 +408,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(clip_message(f"internal error: {type(error).__name__}: {error}") + " (set IOX_DEBUG=1 for the "
                   "traceback, and please report it)", markup=False)
         return 70
-
-
-def catalog_unavailable(error: BaseException) -> CatalogUnavailableError | None:
-    """A lost or refused catalog connection (SQLAlchemy's OperationalError or InterfaceError, anywhere in the
-    exception's chain) as the retryable error it is; None for anything else."""
-    import sqlalchemy.exc
-
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
-            first = str(getattr(seen, "orig", None) or seen).strip().splitlines()
-            detail = first[0] if first else type(seen).__name__
-            return CatalogUnavailableError(
-                f"the catalog's Postgres was unreachable, dropped the connection or aborted the transaction ({detail}); "
-                "the command "
-                "changed all or nothing, each catalog change being one transaction. Run it again once Postgres is "
-                "back (writing the same lines again is safe: a point written twice deduplicates to one)")
-        seen = seen.__cause__ or seen.__context__
-    return None
 
 
 if __name__ == "__main__":
