@@ -2,9 +2,10 @@
 hit on purpose.
 
 `IOX_FAULT_KILL_AT=<name>` makes the process SIGKILL its own process group (the command and, in-process, its Spark
-JVM) when it reaches `kill_point(<name>)`, as a power cut there would. `IOX_FAULT_PAUSE_AT=<name>` makes it stop
-itself there (SIGSTOP) until the test continues it (SIGCONT): the test learns exactly when a step starts (its parent
-sees the stop with waitpid), may change the world meanwhile, and then kills at a measured moment after that point.
+JVM) when it reaches `kill_point(<name>)`, as a power cut there would. `IOX_FAULT_PAUSE_AT=<name>[,<name>...]`
+makes it stop itself at each of those points (SIGSTOP) until the test continues it (SIGCONT): the test learns
+exactly when a step starts (its parent sees the stop with waitpid), may change the world meanwhile (stop Postgres
+inside an open transaction, say), and then kills at a measured moment after that point.
 Both variables are read once, at import: unset (always, outside those tests) a kill point costs two comparisons
 with None. Names in use: `write.before_commit`, `persist.before_commit`, `bulk.after_tasks` and
 `bulk.before_commit` (`ingest/bulk.py`), `publish.before_rename`,
@@ -17,13 +18,13 @@ import os
 import signal
 
 _KILL_AT = os.environ.get("IOX_FAULT_KILL_AT") or None
-_PAUSE_AT = os.environ.get("IOX_FAULT_PAUSE_AT") or None
+_PAUSE_AT = frozenset(n for n in os.environ.get("IOX_FAULT_PAUSE_AT", "").split(",") if n) or None
 
 
 def kill_point(name: str) -> None:
     """Die here, at once and without cleanup, if IOX_FAULT_KILL_AT names this point; stop here until continued if
-    IOX_FAULT_PAUSE_AT names it."""
-    if _PAUSE_AT is not None and _PAUSE_AT == name:
+    IOX_FAULT_PAUSE_AT names it (a comma-separated list: the process stops at each in turn)."""
+    if _PAUSE_AT is not None and name in _PAUSE_AT:
         os.kill(os.getpid(), signal.SIGSTOP)
     if _KILL_AT is not None and _KILL_AT == name:
         os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -13,8 +13,8 @@ would have written it (the same plan over the same catalog: the same rows). Then
 the process killed is the real Airflow process running the real commit task. The Postgres cases use a cluster of
 the module's own (never the other tests' catalog).
 
-CI samples the named point inside the commit's transaction and one Postgres restart in the commit task (a fixed
-seed makes a CI "random" point one fixed case anyway); IOX_FAULT_POINTS >= 5 runs that many seeded random points
+CI samples the named point inside the commit's transaction, killed, and Postgres stopped there (a fixed seed makes
+a CI "random" point one fixed case anyway); IOX_FAULT_POINTS >= 5 runs that many seeded random points
 plus every named point, that many Postgres restarts in the commit task and while the Spark job runs, and that
 many spark-submit kill points (seeded by IOX_FAULT_SEED)."""
 
@@ -262,12 +262,13 @@ class AfWorld:
         [staging] = [p for p in self.output.parent.iterdir() if p.name.startswith(f".{self.output.name}.iox-run-")]
         return staging
 
-    def armed(self, **env: str) -> Paused:
+    def armed(self, pause_also: str | None = None, **env: str) -> Paused:
         """A new run, paused as its commit task starts, with the Spark result in its staging folder. The first
         one's Spark job runs here, in this process's shared SparkSession (no JVM start of its own), on the plan its
-        plan task wrote; its result is kept for the later runs."""
+        plan task wrote; its result is kept for the later runs. `pause_also`: a later point it stops at too."""
+        pause = "commit.start" + (f",{pause_also}" if pause_also else "")
         run = self.start(["dags", "test", "iox_query", "-c", json.dumps(self.conf), "--mark-success-pattern", "run"],
-                         IOX_FAULT_PAUSE_AT="commit.start", **env)
+                         IOX_FAULT_PAUSE_AT=pause, **env)
         if not run.wait_paused():
             run.finish()
             raise AssertionError(f"the run never reached its commit: {run.output()[-4000:]}")
@@ -425,17 +426,47 @@ def test_killed_commit_is_cleaned_by_the_next_run(af_world: AfWorld) -> None:
     w.check_done(context)
 
 
+# Postgres stopped while the commit task is stopped at a named point: inside its open transaction (the COMMIT
+# then meets a dead connection; CI runs this one) and just after it committed.
+RESTART_POINTS = ["commit.before_commit", "commit.after_commit"] if FULL else ["commit.before_commit"]
+
+
+def _restart_outcome(w: AfWorld, context: str, outcomes: dict[str, int]) -> None:
+    dead = w.check_visible(context)
+    assert dead["status"] in ("success", "failed"), f"{context}: the run is left {dead['status']}"
+    if dead["status"] == "failed":
+        assert "catalog's Postgres was unreachable" in dead["error"], (context, dead["error"])
+        outcomes["failed retryably"] += 1
+        w.rerun(context)
+    else:
+        outcomes["succeeded"] += 1
+    w.check_done(context)
+
+
 def test_postgres_restarted_during_the_commit_task(af_world: AfWorld) -> None:
-    """The catalog's Postgres (this module's own cluster) stopped, immediate mode, at seeded random moments across
-    the commit task's measured duration and started again 0.7 s later (CI: one restart, Postgres stopped as the
-    commit task starts). The run either succeeds or fails with the retryable catalog error recorded (once
-    Postgres is back: run failed, lock released, nothing partial); never left running. A new run then publishes
-    the answer."""
+    """The catalog's Postgres (this module's own cluster) stopped, immediate mode, and started again 0.7 s later:
+    at named points where the commit task is held (inside its transaction, before the COMMIT; just after it), and
+    in the full run also at seeded random moments across the commit task's measured duration. The run either
+    succeeds or fails with the retryable catalog error recorded (once Postgres is back: run failed, lock released,
+    nothing partial); never left running. A new run then publishes the answer."""
     w = af_world
     rng = random.Random(f"{SEED}:airflow-commit-postgres")
-    seconds = w.commit_seconds() if FULL else 0.0
     outcomes = {"succeeded": 0, "failed retryably": 0}
-    for point in range(RESTARTS):
+    for name in RESTART_POINTS:
+        context = _replay("airflow iox_query commit task + Postgres restart", name)
+        run = w.armed(pause_also=name)
+        run.resume()
+        assert run.wait_paused(), f"{context}: the commit never reached {name}: {run.output()[-4000:]}"
+        w.fw.stop_pg("immediate")
+        run.resume()
+        time.sleep(0.7)
+        w.fw.start_pg()
+        run.finish()
+        if name == "commit.before_commit":  # a COMMIT sent on a dead connection cannot have committed
+            assert w.last_run()["status"] == "failed", f"{context}: {w.last_run()}"
+        _restart_outcome(w, context, outcomes)
+    seconds = w.commit_seconds() if FULL else 0.0
+    for point in range(RESTARTS if FULL else 0):
         delay = rng.uniform(0, seconds * 1.1)
         context = _replay("airflow iox_query commit task + Postgres restart",
                           f"{point} (stop {delay:.3f} s into its {seconds:.3f} s)")
@@ -443,16 +474,9 @@ def test_postgres_restarted_during_the_commit_task(af_world: AfWorld) -> None:
         with Restarter(w.fw, delay):
             run.resume()
             run.finish()
-        dead = w.check_visible(context)
-        assert dead["status"] in ("success", "failed"), f"{context}: the run is left {dead['status']}"
-        if dead["status"] == "failed":
-            assert "catalog's Postgres was unreachable" in dead["error"], (context, dead["error"])
-            outcomes["failed retryably"] += 1
-            w.rerun(context)
-        else:
-            outcomes["succeeded"] += 1
-        w.check_done(context)
-    print(f"airflow commit task + Postgres restart: {RESTARTS} restarts, {outcomes}, 0 partial outputs")
+        _restart_outcome(w, context, outcomes)
+    print(f"airflow commit task + Postgres restart: {len(RESTART_POINTS)} named points + "
+          f"{RESTARTS if FULL else 0} random moments, {outcomes}, 0 partial outputs")
 
 
 @pytest.mark.skipif(not FULL, reason="a Spark job per point: full run only (IOX_FAULT_POINTS >= 5)")
