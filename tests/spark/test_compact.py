@@ -177,7 +177,8 @@ def test_differential(spark: Any, catalog: Catalog, db: str, warehouse: Path, ba
     # Coverage: hot compaction in every batch; cold in every full sliced batch (unsliced hot compaction leaves one
     # L1 file per partition, and cold needs two small ones).
     assert hot.compacted and (cold.compacted or batch % 2 or len(scenarios) < BATCH), "no cold compaction"
-    assert fully >= 1, where
+    # (A short last batch may hold only scenarios with ingester chunks, which never end fully compacted.)
+    assert fully >= 1 or len(scenarios) < BATCH, where
 
 
 def _rows(spark: Any, catalog: Catalog, db: str, sql: str = "SELECT * FROM m") -> list[str]:
