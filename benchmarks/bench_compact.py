@@ -107,7 +107,7 @@ def main() -> None:
     report = Table(title=f"sum of 10 fields + count(*), {args.hosts} hosts x {args.hours} h, {args.interval} s "
                          f"samples, {args.master}; best of {args.repeat}")
     for col in ("rewritten", "rows stored", "rows after", "files before", "files after", "before s", "after s",
-                "scan s", "after/scan", "before/scan", "files rewritten/promoted", "compact s",
+                "scan s", "after/scan", "before/scan", "files in/promoted", "compact s",
                 "compact rows rewritten/s", "compact rows covered/s", "query dedup rows/s"):
         report.add_column(col, justify="right")
     for fraction in [float(f) for f in args.fractions.split(",")]:
