@@ -18,6 +18,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def parse_target(text: str) -> tuple[str, list[int]]:
@@ -70,11 +71,18 @@ def run(args: argparse.Namespace) -> int:
     Path(args.metrics).unlink(missing_ok=True)
     catalog = Catalog()
     catalog.require_schema()
-    spark = build_session(app="iox-batch compact")
+    sessions: list[Any] = []
+
+    def run_slices(tasks: Any, root: Any) -> Any:
+        # Built on the first rewrite: a batch of promotions only starts no Spark session.
+        if not sessions:
+            sessions.append(build_session(app="iox-batch compact"))
+        return spark_slice_runner(sessions[0])(tasks, root)
+
     total = Report()
     try:
         for db, pids in targets:
-            report = compact(catalog, db, spark_slice_runner(spark), only=pids, table=args.table,
+            report = compact(catalog, db, run_slices, only=pids, table=args.table,
                              partition=args.partition,
                              progress=lambda line, db=db: print(f"{db}: {line}", file=sys.stderr, flush=True))
             total.outcomes.extend(report.outcomes)

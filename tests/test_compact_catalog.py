@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 import sqlalchemy as sa
 
 from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.errors import BadInputError
-from iox_planner.ingest.compact import CompactSettings, close_inputs, dry_run
+from iox_planner.ingest.compact import (CompactSettings, PartitionPlan, SliceResult, SliceTask, close_inputs, compact,
+                                        compact_slice, describe_plan, dry_run)
 from iox_planner.ingest.persist import persist, sweep_compaction_strays
 from iox_planner.ingest.scenario import load_scenario, parse_scenario
 from iox_planner.ingest.write import write_line_protocol
@@ -121,3 +123,109 @@ def test_the_arrow_dedup_sorts_on_the_keys_given_and_takes_an_all_null_tag() -> 
         {"t": "b", "u": None, "time": 1, "f": None}, {"t": "b", "u": None, "time": 2, "f": 1.0}]
     merged, _ = deduplicate_table(table, ["time", "t", "u"], np.arange(5))
     assert [(r["time"], r["t"]) for r in merged.to_pylist()] == [(1, None), (1, "a"), (1, "b"), (2, "b")]
+
+
+# --- promotion: L0 files overlapping nothing become L1 in place ----------------------------------------------------
+
+H = 3_600_000_000_000  # one hour in ns
+
+
+def _hours_with_late_writes(catalog: Catalog, db: str) -> None:
+    """Hourly files F0..F5 (orders 1..6) and late writes L1x, L4x (orders 7, 8) of hours 1 and 4: the shape of a
+    day where two hours were rewritten. Hours 2 and 3 lie between the rewritten hours in time AND in order."""
+    chunks = [{"id": f"F{h}", "kind": "parquet", "order": h + 1,
+               "lines": f"m,t=a f={h} {T0 + h * H}\nm,t=b f={h} {T0 + h * H + H // 2}"} for h in range(6)]
+    chunks += [{"id": "L1x", "kind": "parquet", "order": 7, "lines": f"m,t=a f=100 {T0 + 1 * H}"},
+               {"id": "L4x", "kind": "parquet", "order": 8, "lines": f"m,t=b f=400 {T0 + 4 * H + H // 2}"},
+               {"id": "I9", "kind": "ingester", "order": 9, "lines": f"m,t=c f=9 {T0 + 2 * H}"}]
+    load_scenario(catalog, parse_scenario({"chunks": chunks}), db)
+
+
+def _files(catalog: Catalog, db: str) -> dict[str, tuple[str, int, int]]:
+    """Live Parquet files by label: (path, order, level), read straight from the catalog table."""
+    with catalog.engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT f.label, f.id, f.path, f.chunk_order, f.compaction_level FROM iox_parquet_file f "
+            "JOIN iox_table t ON t.id = f.table_id JOIN iox_database d ON d.id = t.database_id "
+            "WHERE d.name = :db AND f.to_delete IS NULL").bindparams(db=db)).all()
+    return {r.label or f"P{r.id}": (r.path, r.chunk_order, r.compaction_level) for r in rows}
+
+
+def _in_process(tasks: Sequence[SliceTask], root: Path) -> list[SliceResult]:
+    """The slices merged by the real slice code in this process (no Spark: the catalog side is under test)."""
+    return [compact_slice(t, str(root)) for t in tasks]
+
+
+def test_files_overlapping_nothing_are_promoted_in_place_and_the_rest_rewritten(catalog: Catalog, db: str,
+                                                                               warehouse: Path) -> None:
+    _hours_with_late_writes(catalog, db)
+    before = _files(catalog, db)
+    [plan] = dry_run(catalog, db, settings=CompactSettings())
+    assert isinstance(plan, PartitionPlan)
+    # Two independent rewrite groups; hours 2 and 3 (orders between) are not pulled in: they overlap neither.
+    assert sorted(c.display_id for c in plan.inputs) == ["F1", "F4", "L1x", "L4x"]
+    assert sorted(c.display_id for c in plan.promoted) == ["F0", "F2", "F3", "F5"]
+    text = "\n".join(describe_plan(plan))
+    assert "promote F2 L0 -> L1" in text and "overlaps no other file" in text and "overlaps another file" in text
+    assert _files(catalog, db) == before  # the dry run changed nothing
+    on_disk_before = set(warehouse.rglob("*.parquet"))
+
+    report = compact(catalog, db, _in_process, warehouse=warehouse, settings=CompactSettings())
+    t = report.totals()
+    assert (t["files_in"], t["files_out"], t["rows_in"], t["rows_out"]) == (4, 2, 6, 4)
+    assert (t["files_promoted"], t["rows_promoted"]) == (4, 8)
+    after = _files(catalog, db)
+    for label in ("F0", "F2", "F3", "F5"):  # same file, same order, now L1
+        assert after[label] == (before[label][0], before[label][1], 1), label
+    for label in ("F1", "F4", "L1x", "L4x"):
+        assert label not in after
+    new = {k: v for k, v in after.items() if k not in before}
+    # Each group's output takes its own group's newest order (7 for hour 1, 8 for hour 4).
+    assert sorted((v[1], v[2]) for v in new.values()) == [(7, 1), (8, 1)]
+    written = set(warehouse.rglob("*.parquet")) - on_disk_before
+    assert {warehouse / v[0] for v in new.values()} == written  # the two outputs: promotion wrote no file
+    # The level invariant, checked on the catalog's own ranges.
+    with catalog.engine.connect() as conn:
+        ranges = sorted(conn.execute(sa.text(
+            "SELECT f.min_time, f.max_time FROM iox_parquet_file f JOIN iox_table t ON t.id = f.table_id "
+            "JOIN iox_database d ON d.id = t.database_id WHERE d.name = :db AND f.to_delete IS NULL "
+            "AND f.compaction_level = 1").bindparams(db=db)).all())
+    assert len(ranges) == 6 and all(a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
+    assert not compact(catalog, db, _in_process, warehouse=warehouse, settings=CompactSettings()).outcomes
+
+
+def test_a_partition_needing_only_promotions_runs_no_spark_job(catalog: Catalog, db: str, warehouse: Path) -> None:
+    load_scenario(catalog, parse_scenario({"chunks": [
+        {"id": "F1", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {T0}"},
+        {"id": "F2", "kind": "parquet", "order": 2, "lines": f"m,t=a f=2 {T0 + H}"},
+    ]}), db)
+    before = _files(catalog, db)
+
+    def no_spark(tasks: Sequence[SliceTask], root: Path) -> list[SliceResult]:
+        assert not tasks, "a promotion started a Spark job"
+        return []
+
+    report = compact(catalog, db, no_spark, warehouse=warehouse, settings=CompactSettings())
+    assert report.totals()["files_promoted"] == 2 and report.totals()["files_in"] == 0
+    assert _files(catalog, db) == {k: (p, o, 1) for k, (p, o, _) in before.items()}
+
+
+def test_a_promoted_file_retired_meanwhile_makes_the_swap_skip(catalog: Catalog, db: str, warehouse: Path) -> None:
+    """A persist or compaction that retires a file to promote between planning and the swap (here: the file is
+    retired by hand after the slices ran): the swap changes nothing, neither promotions nor the rewrite."""
+    _hours_with_late_writes(catalog, db)
+    before = _files(catalog, db)
+    staged = set(warehouse.rglob("*.compacted.parquet"))  # the warehouse is the worker's: earlier tests' outputs
+
+    def retire_f2() -> None:
+        with catalog.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE iox_parquet_file SET to_delete = now() WHERE label = 'F2' AND table_id IN "
+                                 "(SELECT t.id FROM iox_table t JOIN iox_database d ON d.id = t.database_id "
+                                 "WHERE d.name = :db)").bindparams(db=db))
+
+    report = compact(catalog, db, _in_process, warehouse=warehouse, settings=CompactSettings(),
+                     after_slices=retire_f2)
+    assert not report.compacted and "F2" in (report.outcomes[0].skipped or "")
+    del before["F2"]
+    assert _files(catalog, db) == before  # every other file as it was: still L0, still live
+    assert set(warehouse.rglob("*.compacted.parquet")) == staged  # this run's staged outputs were removed

@@ -32,14 +32,16 @@ def batch_args(settings: AirflowSettings, run_id: str) -> list[list[str]]:
         for db in names:
             for item in dry_run(catalog, db):
                 print(f"{db}: " + "\n".join(describe_plan(item)))
-                if isinstance(item, PartitionPlan):
+                if isinstance(item, PartitionPlan):  # promotions only: a batch member costing no Spark task
                     work.append((item.rows_in, db, item.partition_id))
     finally:
         catalog.dispose()
     if not work:
         print("nothing to compact")
         return []
-    count = min(settings.max_spark_jobs, len(work))
+    # Partitions needing promotions only (no rows to rewrite) cost a batch no Spark task: they ride along with the
+    # others and make no extra spark-submit of their own.
+    count = min(settings.max_spark_jobs, max(1, sum(1 for rows, _, _ in work if rows > 0)))
     loads = [0] * count
     members: list[dict[str, list[int]]] = [{} for _ in range(count)]
     for rows, db, pid in sorted(work, reverse=True):
@@ -63,7 +65,8 @@ def sum_reports(batches: list[list[str]]) -> dict[str, Any]:
     after reporting the others (their swaps are done and stay)."""
     from iox_planner.errors import IoxError
 
-    keys = ("partitions", "skipped", "files_in", "files_out", "rows_in", "rows_out", "duplicates_removed")
+    keys = ("partitions", "skipped", "files_in", "files_out", "rows_in", "rows_out", "duplicates_removed",
+            "files_promoted", "rows_promoted")
     total = dict.fromkeys(keys, 0)
     failed = []
     for args in batches:
@@ -79,7 +82,8 @@ def sum_reports(batches: list[list[str]]) -> dict[str, Any]:
                 print(f"{o['table']} {o['partition']}: {o['skipped']}")
     print(f"compacted {total['partitions']} partition(s): {total['files_in']} file(s) in, {total['files_out']} out; "
           f"{total['rows_in']:,} rows in, {total['rows_out']:,} out; {total['duplicates_removed']:,} duplicates "
-          f"removed; {total['skipped']} skipped")
+          f"removed; {total['files_promoted']} file(s) ({total['rows_promoted']:,} rows) promoted to L1 in place, "
+          f"not rewritten; {total['skipped']} skipped")
     if failed:
         raise IoxError(f"compaction batch(es) {', '.join(failed)} failed (see their task logs); their partitions "
                        "are as before and the next run retries them")

@@ -31,6 +31,9 @@ def test_iox_compact_compacts_a_loaded_database_and_a_second_run_does_nothing(
                        "lines": "\n".join(f"cpu,host={h} usage={v} {t}" for h, t, v in points)})
         for h, t, v in points:
             want[(h, t)] = float(v)  # later orders overwrite: the tally is IOx's last-write-wins
+    # And a file overlapping nothing: promoted to L1 in place, not rewritten (not counted in "files in").
+    chunks.append({"id": "F7", "kind": "parquet", "order": 7, "lines": f"cpu,host=h9 usage=7 {T0 + 3600 * 10**9}"})
+    want[("h9", T0 + 3600 * 10**9)] = 7.0
     load_scenario(catalog, parse_scenario({"chunks": chunks}), db)
     env = {"IOX_COMPACT_DATABASES": db, "IOX_MAX_SPARK_JOBS": "2"}
     [first] = dag_runner.run([{"dag_id": "iox_compact"}], env=env)
@@ -47,6 +50,8 @@ def test_iox_compact_compacts_a_loaded_database_and_a_second_run_does_nothing(
             got[(r["host"], r["time"])] = r["usage"]
     assert got == want
     assert "compacted 2 partition(s): 6 file(s) in, 2 out" in first["log"]
+    assert "1 file(s) (1 rows) promoted to L1 in place" in first["log"]
+    assert any(c["label"] == "F7" and c["compaction_level"] == 1 for c in live)  # the same catalog row, now L1
 
     before = (sorted(map(str, live_chunks(catalog, db))), tree_digest(warehouse / str(live[0]["path"]).split("/")[0]))
     [second] = dag_runner.run([{"dag_id": "iox_compact"}], env=env)

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 import fuzz_sql as fz
 from helpers import live_chunks, tree_digest
 from iox_planner.catalog.store import Catalog
-from iox_planner.ingest.compact import CompactSettings, compact, dry_run, describe_plan
+from iox_planner.ingest.compact import CompactSettings, PartitionPlan, compact, dry_run, describe_plan
 from iox_planner.ingest.persist import persist
 from iox_planner.ingest.write import write_line_protocol
 from iox_planner.planner import render
@@ -68,6 +68,16 @@ def random_scenario(rng: random.Random) -> fz.Scenario:
                     else rng.choice(fz.TIMES))
             points.append(fz.Point((("t1", t1), ("t2", t2)), tuple(values), time))
         chunks.append(fz.ChunkSpec(f"C{order}", kind, order, tuple(points)))
+    # Newest, Parquet files that mostly overlap nothing (hot compaction promotes them to L1 in place); some land
+    # between the others' times, inside a rewrite's time range (then they are rewritten). Drawn after everything
+    # else, so the chunks above are those of the same seed before promotion existed.
+    for extra in range(rng.choice((0, 1, 1, 2))):
+        order = len(chunks) + 1
+        day = rng.choice((0, DAY))
+        base = T0 + S + 500 if rng.random() < 0.3 else T0 + day + (20 + 10 * extra) * S
+        points = [fz.Point((("t1", rng.choice(fz.TAG_VALUES["t1"])), ("t2", "p")),
+                           (("f", fz._random_value(rng, "float")),), base + n) for n in range(rng.randint(1, 3))]
+        chunks.append(fz.ChunkSpec(f"C{order}", "parquet", order, tuple(points)))
     return fz.Scenario(tuple(chunks))
 
 
@@ -139,6 +149,12 @@ def test_differential(spark: Any, catalog: Catalog, db: str, warehouse: Path, ba
     assert not [o for o in hot.outcomes if o.skipped and "another compaction" in o.skipped]
     chunks = live_chunks(catalog, db)
     assert_levels_never_overlap(chunks, where)
+    # Promoted files: the same live file (path, order) now L1; and the batch promoted some.
+    promoted = [c for p in hot.plans if isinstance(p, PartitionPlan) for c in p.promoted]
+    live = {c["path"]: c for c in chunks if c["kind"] == "parquet"}
+    assert promoted and hot.totals()["files_promoted"] == len(promoted), where
+    for c in promoted:
+        assert c.path in live and (live[c.path]["chunk_order"], live[c.path]["compaction_level"]) == (c.order, 1)
     assert not [c for c in chunks if c["kind"] == "parquet" and c["compaction_level"] == 2]
     for name, rows in snapshot(spark, catalog, db, len(scenarios)).items():
         assert rows == before[name], f"{where}: query {name!r} changed by hot compaction\n" + "\n".join(
@@ -161,7 +177,8 @@ def test_differential(spark: Any, catalog: Catalog, db: str, warehouse: Path, ba
     # Coverage: hot compaction in every batch; cold in every full sliced batch (unsliced hot compaction leaves one
     # L1 file per partition, and cold needs two small ones).
     assert hot.compacted and (cold.compacted or batch % 2 or len(scenarios) < BATCH), "no cold compaction"
-    assert fully >= 1, where
+    # (A short last batch may hold only scenarios with ingester chunks, which never end fully compacted.)
+    assert fully >= 1 or len(scenarios) < BATCH, where
 
 
 def _rows(spark: Any, catalog: Catalog, db: str, sql: str = "SELECT * FROM m") -> list[str]:

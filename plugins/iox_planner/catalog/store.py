@@ -346,6 +346,14 @@ class Catalog:
         conn.execute(table.update().where(table.c.id.in_(list(ids)), table.c.to_delete.is_(None))
                      .values(to_delete=sa.func.now()))
 
+    def promote_files(self, conn: Connection, ids: Sequence[int], level: int) -> int:
+        """Raise live L0 Parquet files to `level` in place (compaction's promotion: same file, order and rows);
+        the number of rows changed (a file retired or already promoted meanwhile is not)."""
+        pf = CHUNK_TABLES[ChunkKind.PARQUET]
+        return int(conn.execute(pf.update().where(pf.c.id.in_(list(ids)), pf.c.to_delete.is_(None),
+                                                  pf.c.compaction_level == 0)
+                                .values(compaction_level=level)).rowcount)
+
     def chunk_rows(
         self,
         conn: Connection,

@@ -115,11 +115,16 @@ def cmd_compact(args: argparse.Namespace) -> int:
         for o in t["outcomes"]:
             if o["skipped"] is None:
                 err.print(f"{o['table']} {o['partition']}: L{o['level']}: {o['files_in']} file(s), "
-                          f"{o['rows_in']:,} rows -> {o['files_out']} file(s), {o['rows_out']:,} rows", markup=False)
+                          f"{o['rows_in']:,} rows -> {o['files_out']} file(s), {o['rows_out']:,} rows; "
+                          f"{o['files_promoted']} file(s) promoted in place", markup=False)
     else:
         from spark_jobs.compact_job import spark_slice_runner
 
-        t = report_dict(compact(catalog, args.db, spark_slice_runner(runner.session()), table=args.table,
+        # The Spark session starts only when some partition needs a rewrite: promotions alone need no Spark job.
+        def run_slices(tasks: Any, root: Any) -> Any:
+            return spark_slice_runner(runner.session())(tasks, root)
+
+        t = report_dict(compact(catalog, args.db, run_slices, table=args.table,
                                 partition=args.partition, settings=settings,
                                 progress=lambda line: err.print(line, markup=False)))
     for o in t["outcomes"]:
@@ -129,8 +134,9 @@ def cmd_compact(args: argparse.Namespace) -> int:
         out.print("nothing to compact")
     else:
         out.print(f"compacted {t['partitions']} partition(s): {t['files_in']} file(s) in, {t['files_out']} out; "
-                  f"{t['rows_in']:,} rows in, {t['rows_out']:,} out; {t['duplicates_removed']:,} duplicates removed"
-                  + (f"; {t['skipped']} skipped" if t["skipped"] else ""))
+                  f"{t['rows_in']:,} rows in, {t['rows_out']:,} out; {t['duplicates_removed']:,} duplicates removed; "
+                  f"{t['files_promoted']} file(s) ({t['rows_promoted']:,} rows) promoted to L1 in place, not "
+                  "rewritten" + (f"; {t['skipped']} skipped" if t["skipped"] else ""))
     return 0
 
 

@@ -2,8 +2,10 @@
 Spark's Python workers) and the catalog swap. The Spark side is `spark_jobs/compact_job.py`; this module has no
 pyspark.
 
-Levels, as in IOx: persist writes L0 files (may overlap anything). Hot compaction rewrites a partition's L0 files
-(with the L1 files they overlap) into L1 files that never overlap each other; cold compaction rewrites the L1 files
+Levels, as in IOx: persist writes L0 files (may overlap anything). Hot compaction promotes a partition's L0 files
+that overlap no other file to L1 in place (a catalog update of the level: same file, order and rows) and rewrites
+the other L0 files (with the L1 files they overlap) into L1 files, in independent groups; L1 files never overlap
+each other; cold compaction rewrites the L1 files
 of a partition quiet for `IOX_COMPACT_COLD_SECONDS` into L2 files of about `IOX_COMPACT_TARGET_ROWS` rows.
 
 Exactness: the inputs are merged with PRODUCT.md's dedup (`files.deduplicate`), cut by time (`slicing.time_slices`,
@@ -83,7 +85,8 @@ class CompactSettings:
 
 @dataclass(frozen=True)
 class PartitionPlan:
-    """One partition's compaction: which files, into which level, why, cut into which time slices."""
+    """One partition's compaction: which files are rewritten into which level, why, cut into which time slices,
+    and (hot only) which L0 files are promoted to L1 in place."""
 
     db_id: int
     table: str
@@ -93,17 +96,40 @@ class PartitionPlan:
     level: int
     reason: str
     inputs: tuple[ChunkRow, ...]
+    """The files rewritten (may be empty when the partition only needs promotions)."""
     slices: tuple[tuple[int, int], ...]
     columns: Mapping[str, ColumnType]
     sort_key: tuple[str, ...]
+    promoted: tuple[ChunkRow, ...] = ()
+    """L0 files that become L1 by a catalog update only: same file, same order, same rows."""
+    groups: tuple[tuple[int, ...], ...] = ()
+    """The rewrite's independent groups (chunk ids), each closed on its own (`close_inputs`); empty means one
+    group of all inputs."""
+    slice_orders: tuple[int, ...] = ()
+    """Each slice's output order: the newest input of the slice's group (empty: `order` for every slice)."""
+    why: Mapping[int, str] = field(default_factory=dict)
+    """Chunk id -> why that file is rewritten or promoted (the dry run's words)."""
 
     @property
     def order(self) -> int:
-        return max(c.order for c in self.inputs)
+        return max((c.order for c in self.inputs), default=0)
 
     @property
     def rows_in(self) -> int:
         return sum(c.row_count for c in self.inputs)
+
+    @property
+    def rows_promoted(self) -> int:
+        return sum(c.row_count for c in self.promoted)
+
+    def slice_order(self, index: int) -> int:
+        return self.slice_orders[index] if self.slice_orders else self.order
+
+    def input_groups(self) -> list[tuple[ChunkRow, ...]]:
+        by_id = {c.id: c for c in self.inputs}
+        if not self.groups:
+            return [self.inputs] if self.inputs else []
+        return [tuple(by_id[i] for i in g) for g in self.groups]
 
 
 @dataclass(frozen=True)
@@ -159,10 +185,59 @@ def output_sort_key(partition_key: Sequence[str] | None, inputs: Sequence[ChunkR
     return (*head, *extra, TIME)
 
 
+def promotable(l0: Sequence[ChunkRow], files: Sequence[ChunkRow]) -> list[ChunkRow]:
+    """The L0 files whose time range overlaps no other live Parquet file of the partition (of any level): already
+    sorted and duplicate-free, they may become L1 as they are (IOx's "upgrade"), never overlapping another L1.
+
+    Ingester chunks do not stop a promotion: it changes no file, no row and no order, only the level, and the
+    query planner deduplicates by time overlap and order, never by level (grep: nothing under `planner/` reads
+    `level`), so an ingester chunk overlapping a promoted file is merged with it exactly as before. The level
+    invariant (L1 files never overlap each other) is about Parquet files only."""
+    return [c for c in l0 if not any(o.id != c.id and _overlaps(o, c.min_time, c.max_time) for o in files)]
+
+
+def rewrite_groups(seeds: Sequence[ChunkRow], chunks: Sequence[ChunkRow],
+                   candidates: Sequence[ChunkRow]) -> list[list[ChunkRow]] | str:
+    """The rewrite of `seeds` as independent groups, each closed by `close_inputs` on its own (the order trap
+    rules unchanged, per group) and merged with any other group its time range overlaps, until stable. Groups
+    with disjoint time ranges are separate compactions that happen to share a swap: each group's outputs take
+    its own newest order, which is exact for the same reason as one compaction's (no chunk outside a group
+    overlaps it with an order between its inputs'). The promotion `candidates` count as the L1 files they will
+    be: a group overlapping one pulls it in (its outputs would overlap an L1), so promoted files and outputs never
+    overlap. Returns the reason as text when an ingester chunk is in a group's order trap."""
+    ids = {c.id for c in candidates}
+    view = [c._replace(level=1) if c.kind is ChunkKind.PARQUET and c.id in ids else c for c in chunks]
+    groups: list[list[ChunkRow]] = [[s] for s in seeds]
+    while True:
+        closed: list[list[ChunkRow]] = []
+        for g in groups:
+            got = close_inputs(g, view, 1)
+            if isinstance(got, str):
+                return got
+            closed.append(got)
+        closed.sort(key=lambda g: min(c.min_time for c in g))
+        merged: list[list[ChunkRow]] = []
+        for g in closed:
+            if merged and min(c.min_time for c in g) <= max(c.max_time for c in merged[-1]):
+                merged[-1] = list({c.id: c for c in merged[-1] + g}.values())
+            else:
+                merged.append(g)
+        if _id_sets(merged) == _id_sets(groups):  # closing only grows groups: equal sets are the fixpoint
+            return [sorted(g, key=lambda c: (c.order, c.id)) for g in merged]
+        groups = merged
+
+
+def _id_sets(groups: Sequence[Sequence[ChunkRow]]) -> list[tuple[int, ...]]:
+    return sorted(tuple(sorted(c.id for c in g)) for g in groups)
+
+
 def plan_partition(chunks: Sequence[ChunkRow], quiet_seconds: float, settings: CompactSettings,
                    partition_key: Sequence[str] | None, table_columns: Mapping[str, ColumnType],
                    db_id: int) -> PartitionPlan | Skip | None:
-    """The compaction one partition needs now (hot first, cold when quiet), a Skip, or None for no work."""
+    """The compaction one partition needs now (hot first, cold when quiet), a Skip, or None for no work.
+
+    Hot: the L0 files overlapping no other file are promoted to L1 in the catalog (no Spark, no rewrite); the
+    rest are rewritten into L1 files, in independent groups (`rewrite_groups`)."""
     files = [c for c in chunks if c.kind is ChunkKind.PARQUET]
     if not chunks:
         return None
@@ -170,33 +245,69 @@ def plan_partition(chunks: Sequence[ChunkRow], quiet_seconds: float, settings: C
     l0 = [c for c in files if c.level == 0]
     l1 = [c for c in files if c.level == 1]
     level: int
-    if len(l0) >= 2 or any(_overlaps(a, b.min_time, b.max_time) for a in l0 for b in l1):
-        seeds, level = l0, 1
-        reason = (f"hot: {len(l0)} L0 files" if len(l0) >= 2
-                  else "hot: an L0 file overlaps an L1 file")
+    candidates = promotable(l0, files)
+    why: dict[int, str] = {}
+    if len(l0) >= 2 or candidates or any(_overlaps(a, b.min_time, b.max_time) for a in l0 for b in l1):
+        level = 1
+        promotable_ids = {c.id for c in candidates}
+        seeds = [c for c in l0 if c.id not in promotable_ids]
+        groups = rewrite_groups(seeds, chunks, candidates)
+        if isinstance(groups, str):
+            return Skip(first.table, first.partition, groups)
+        rewritten = {c.id for g in groups for c in g}
+        promoted = [c for c in candidates if c.id not in rewritten]
+        original = {c.id: c for c in files}
+        groups = [[original[c.id] for c in g] for g in groups]
+        for c in seeds:
+            why[c.id] = "rewritten: overlaps another file"
+        for g in groups:
+            for c in g:
+                if c.id in why:
+                    continue
+                if c.id in promotable_ids:
+                    why[c.id] = ("rewritten: overlaps no file, but lies in the time range of a rewrite (its outputs "
+                                 "would overlap it as an L1)")
+                elif c.level == 1:
+                    why[c.id] = "rewritten: an L1 file overlapping the rewrite (the outputs must not overlap it)"
+                else:
+                    why[c.id] = "rewritten: overlaps the rewrite with an order between its inputs' (the order trap)"
+        for c in promoted:
+            why[c.id] = "promoted: overlaps no other file (already sorted and duplicate-free)"
+        pulled = len(rewritten) - len(seeds)
+        reason = (f"hot: {len(l0)} L0 file{'' if len(l0) == 1 else 's'}: {len(promoted)} promoted to L1, "
+                  f"{len(seeds)} rewritten"
+                  + (f" (+{pulled} file(s) pulled in)" if pulled else ""))
         budget = settings.max_rows
     else:
         small = [c for c in l1 if c.row_count < settings.target_rows]
         ingester = [c for c in chunks if c.kind is ChunkKind.INGESTER]
         if l0 or ingester or len(small) < 2 or quiet_seconds < settings.cold_seconds:
             return None
-        seeds, level = l1, 2
+        level = 2
+        closed = close_inputs(l1, chunks, level)
+        if isinstance(closed, str):
+            return Skip(first.table, first.partition, closed)
+        groups, promoted = [closed], []
         reason = f"cold: quiet for {quiet_seconds:,.0f} s with {len(small)} small L1 files"
+        pulled = len(closed) - len(l1)
+        if pulled:
+            reason += f" (+{pulled} overlapping file(s) pulled in)"
         budget = min(settings.max_rows, settings.target_rows)
-    closed = close_inputs(seeds, chunks, level)
-    if isinstance(closed, str):
-        return Skip(first.table, first.partition, closed)
-    columns = {name: table_columns[name] for c in closed for name in c.column_names if name in table_columns}
+    inputs = [c for g in groups for c in g]
+    described = inputs or promoted
+    columns = {name: table_columns[name] for c in described for name in c.column_names if name in table_columns}
     columns[TIME] = ColumnType.TIME
-    spans = [Span(c.min_time, c.max_time, c.row_count) for c in closed]
-    rows = sum(c.row_count for c in closed)
+    rows = sum(c.row_count for c in inputs)
     budget = min(budget, max(PARALLEL_SLICE_ROWS, -(-rows // settings.min_slices)))
-    slices = tuple(time_slices(spans, budget))
-    pulled = len(closed) - len(seeds)
-    if pulled:
-        reason += f" (+{pulled} overlapping file(s) pulled in)"
+    slices: list[tuple[int, int]] = []
+    orders: list[int] = []
+    for g in groups:
+        cut = time_slices([Span(c.min_time, c.max_time, c.row_count) for c in g], budget)
+        slices += cut
+        orders += [max(c.order for c in g)] * len(cut)
     return PartitionPlan(db_id, first.table, first.table_id, first.partition, first.partition_id, level, reason,
-                         tuple(closed), slices, columns, output_sort_key(partition_key, closed, columns))
+                         tuple(inputs), tuple(slices), columns, output_sort_key(partition_key, described, columns),
+                         tuple(promoted), tuple(tuple(c.id for c in g) for g in groups), tuple(orders), why)
 
 
 # --- one slice (runs in a Spark Python worker) ------------------------------------------------------------------
@@ -232,7 +343,10 @@ class SliceResult:
 def slice_tasks(plan: PartitionPlan) -> list[SliceTask]:
     folder = f"{plan.db_id}/{plan.table_id}/{plan.partition_id}"
     cols = tuple((n, t.value) for n, t in plan.columns.items())
-    return [SliceTask(plan.partition_id, i, lo, hi, tuple((c.path, c.order) for c in plan.inputs), cols,
+    # A slice reads only the inputs overlapping it: the others hold no row of it (and, with several rewrite
+    # groups, belong to another group).
+    return [SliceTask(plan.partition_id, i, lo, hi,
+                      tuple((c.path, c.order) for c in plan.inputs if _overlaps(c, lo, hi)), cols,
                       plan.sort_key, f"{folder}/{uuid.uuid4()}{COMPACTED_SUFFIX}")
             for i, (lo, hi) in enumerate(plan.slices)]
 
@@ -254,6 +368,8 @@ def compact_slice(task: SliceTask, root: str) -> SliceResult:
                               read_dictionary=tags)
         rows_in += table.num_rows
         parts.append((order, table))
+    if not parts:  # a slice of a rewrite group's gap: no input overlaps it
+        return SliceResult(task.partition_id, task.index, task.output, 0, 0, None, None, 0, {})
     # The sort key holds every tag and time (output_sort_key): the dedup's output is already sorted on it.
     merged = storage.deduplicate(parts, columns, sort_key=task.sort_key)
     if merged.num_rows == 0:
@@ -279,6 +395,9 @@ class Outcome:
     rows_in: int
     rows_out: int
     skipped: str | None = None
+    files_promoted: int = 0
+    """L0 files made L1 in place: not in files_in/rows_in, which count rewritten files only."""
+    rows_promoted: int = 0
 
     @property
     def duplicates_removed(self) -> int:
@@ -312,13 +431,11 @@ def swap(catalog: Catalog, conn: sa.Connection, session: int, plan: PartitionPla
             gone = [c.display_id for c in plan.inputs if c.id not in live_files]
             if gone:
                 raise _Changed(f"input file(s) {', '.join(gone[:5])} were retired meanwhile by another process")
-            ids = {c.id for c in plan.inputs}
-            outside = [c for c in live if not (c.kind is ChunkKind.PARQUET and c.id in ids)]
-            closed = close_inputs(plan.inputs, outside, plan.level)
-            if isinstance(closed, str):
-                raise _Changed(closed)
-            if len(closed) != len(plan.inputs):
-                raise _Changed("a file that overlaps the inputs with an order between theirs appeared meanwhile")
+            live_l0 = {c.id for c in live if c.kind is ChunkKind.PARQUET and c.level == 0}
+            lost = [c.display_id for c in plan.promoted if c.id not in live_l0]
+            if lost:
+                raise _Changed(f"file(s) {', '.join(lost[:5])} to promote were retired or promoted meanwhile")
+            _recheck_groups(plan, live)
             layout = storage.column_layout(plan.columns)
             for r in sorted(written, key=lambda r: r.index):
                 assert r.min_time is not None and r.max_time is not None
@@ -326,10 +443,14 @@ def swap(catalog: Catalog, conn: sa.Connection, session: int, plan: PartitionPla
                     object_id=Path(r.output).name.split(".")[0], label=None, table_id=plan.table_id,
                     partition_id=plan.partition_id, store=LOCAL_STORE, path=r.output, min_time=r.min_time,
                     max_time=r.max_time, row_count=r.rows_out, file_size=r.file_size, column_names=layout,
-                    tag_ranges={k: list(v) for k, v in r.tag_ranges.items()}, chunk_order=plan.order,
+                    tag_ranges={k: list(v) for k, v in r.tag_ranges.items()}, chunk_order=plan.slice_order(r.index),
                     sort_key=[c for c in plan.sort_key if c in plan.columns], compaction_level=plan.level,
                 ))
-            catalog.retire_chunks(conn, ChunkKind.PARQUET, [c.id for c in plan.inputs])
+            if plan.inputs:
+                catalog.retire_chunks(conn, ChunkKind.PARQUET, [c.id for c in plan.inputs])
+            if plan.promoted and catalog.promote_files(conn, [c.id for c in plan.promoted], plan.level) \
+                    != len(plan.promoted):
+                raise _Changed("a file to promote changed meanwhile")
             missing = [r.output for r in written if not (root / r.output).is_file()]
             if missing:
                 raise _Changed(f"staged output {missing[0]} is missing")
@@ -354,7 +475,29 @@ def swap(catalog: Catalog, conn: sa.Connection, session: int, plan: PartitionPla
         _remove(root, results)
         raise
     return Outcome(plan.table, plan.partition, plan.level, len(plan.inputs), len(written),
-                   sum(r.rows_in for r in results), sum(r.rows_out for r in results))
+                   sum(r.rows_in for r in results), sum(r.rows_out for r in results), None,
+                   len(plan.promoted), plan.rows_promoted)
+
+
+def _recheck_groups(plan: PartitionPlan, live: Sequence[ChunkRow]) -> None:
+    """Inside the swap, on the live chunks: each rewrite group still closes to itself (no chunk in its order trap,
+    no L1 file or file to promote in its time range appeared), and no live L1 or L2 file outside the rewrite
+    overlaps a file to promote."""
+    ids = {c.id for c in plan.inputs}
+    promoted = {c.id for c in plan.promoted}
+    view = [c._replace(level=plan.level) if c.kind is ChunkKind.PARQUET and c.id in promoted else c for c in live]
+    for group in plan.input_groups():
+        closed = close_inputs(group, view, plan.level)
+        if isinstance(closed, str):
+            raise _Changed(closed)
+        if len(closed) != len(group):
+            raise _Changed("a file that overlaps the inputs with an order between theirs (or that the outputs "
+                           "would overlap) appeared meanwhile")
+    for p in plan.promoted:
+        for c in live:
+            if (c.kind is ChunkKind.PARQUET and c.level > 0 and c.id not in ids and c.id != p.id
+                    and _overlaps(c, p.min_time, p.max_time)):
+                raise _Changed(f"file {p.display_id} to promote now overlaps L{c.level} file {c.display_id}")
 
 
 class _Changed(Exception):
@@ -416,6 +559,8 @@ class Report:
             "rows_in": sum(o.rows_in for o in done),
             "rows_out": sum(o.rows_out for o in done),
             "duplicates_removed": sum(o.duplicates_removed for o in done),
+            "files_promoted": sum(o.files_promoted for o in done),
+            "rows_promoted": sum(o.rows_promoted for o in done),
         }
 
 
@@ -538,7 +683,8 @@ def compact(
                 report.outcomes.append(outcome)
                 what = outcome.skipped or (
                     f"L{p.level}: {outcome.files_in} file(s), {outcome.rows_in:,} rows -> {outcome.files_out} "
-                    f"file(s), {outcome.rows_out:,} rows ({outcome.duplicates_removed:,} duplicates removed)")
+                    f"file(s), {outcome.rows_out:,} rows ({outcome.duplicates_removed:,} duplicates removed); "
+                    f"{outcome.files_promoted} file(s), {outcome.rows_promoted:,} rows promoted in place")
                 say(f"[{i + 1}/{len(plans)}] {p.table} {p.partition}: {what}")
         finally:
             # A session that died released its locks with it; its connection may not answer (or reconnect without
@@ -556,12 +702,23 @@ def describe_plan(item: PartitionPlan | Skip) -> list[str]:
     """The dry run's lines for one partition: which files, which level, why, and how it is sliced."""
     if isinstance(item, Skip):
         return [f"{item.table} {item.partition}: waits ({item.reason})"]
-    lines = [f"{item.table} {item.partition}: {len(item.inputs)} file(s), {item.rows_in:,} rows -> "
-             f"L{item.level}, order {item.order}; {item.reason}"]
+    orders = sorted(set(item.slice_orders)) if item.slice_orders else [item.order]
+    order_text = "order " + ", ".join(map(str, orders)) if item.inputs else "no rewrite, no Spark job"
+    lines = [f"{item.table} {item.partition}: {len(item.inputs)} file(s), {item.rows_in:,} rows rewritten -> "
+             f"L{item.level}, {order_text}; {len(item.promoted)} file(s), {item.rows_promoted:,} rows promoted "
+             f"to L{item.level} in place; {item.reason}"]
     for c in item.inputs:
         lines.append(f"  in  {c.display_id} L{c.level} order {c.order}, {c.row_count:,} rows, "
-                     f"{format_time(c.min_time)} .. {format_time(c.max_time)}")
-    if len(item.slices) == 1:
+                     f"{format_time(c.min_time)} .. {format_time(c.max_time)}"
+                     + (f"; {item.why[c.id]}" if c.id in item.why else ""))
+    for c in item.promoted:
+        lines.append(f"  promote {c.display_id} L{c.level} -> L{item.level} order {c.order}, {c.row_count:,} rows, "
+                     f"{format_time(c.min_time)} .. {format_time(c.max_time)}; {item.why.get(c.id, 'promoted')}")
+    if len(item.groups) > 1:
+        lines.append(f"  {len(item.groups)} independent rewrite groups (disjoint time ranges, each its own order)")
+    if not item.slices:
+        pass
+    elif len(item.slices) == 1:
         lines.append("  one slice: the inputs fit one task's budget")
     else:
         lines.append(f"  {len(item.slices)} time slices (each task reads at most about its budget of rows):")
@@ -583,5 +740,6 @@ def report_dict(report: Report) -> dict[str, Any]:
     """A run's report as JSON-ready values (the DAG's per-run report, a spark-submit job's output)."""
     return {**report.totals(), "outcomes": [
         {"table": o.table, "partition": o.partition, "level": o.level, "files_in": o.files_in,
-         "files_out": o.files_out, "rows_in": o.rows_in, "rows_out": o.rows_out, "skipped": o.skipped}
+         "files_out": o.files_out, "rows_in": o.rows_in, "rows_out": o.rows_out,
+         "files_promoted": o.files_promoted, "rows_promoted": o.rows_promoted, "skipped": o.skipped}
         for o in report.outcomes]}
