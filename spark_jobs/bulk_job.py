@@ -4,13 +4,11 @@ and returns their metadata; the driver registers them all in one catalog transac
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict
 from typing import Any, Sequence
 
-from iox_planner.errors import CatalogError
 from iox_planner.ingest.bulk import Range, RangeResult, RangeRunner, StagedChunk, TaskParams
-from spark_jobs.compact_job import _first_error
+from spark_jobs.errors import run_tasks
 
 
 def _run_one(payload: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
@@ -32,15 +30,9 @@ def spark_range_runner(spark: Any) -> RangeRunner:
     """A `bulk.RangeRunner` running every range of a load as a task of one Spark job."""
 
     def run(ranges: Sequence[Range], params: TaskParams) -> list[RangeResult]:
-        payloads = [(asdict(r), asdict(params)) for r in ranges]
-        sc = spark.sparkContext
-        sc.setJobDescription(f"iox-batch write --spark: {len(ranges)} range(s)")
-        try:
-            done = sc.parallelize(payloads, len(payloads)).map(_run_one).collect()
-        except Exception as err:  # noqa: BLE001 - Spark's errors as one paragraph
-            if os.environ.get("IOX_DEBUG"):
-                raise
-            raise CatalogError(f"the bulk load's Spark job failed, nothing was written: {_first_error(err)}") from err
+        done = run_tasks(spark, [(asdict(r), asdict(params)) for r in ranges], _run_one,
+                         f"iox-batch write --spark: {len(ranges)} range(s)",
+                         "the bulk load's Spark job failed, nothing was written")
         return [_result(d) for d in done]
 
     return run

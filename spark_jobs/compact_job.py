@@ -4,14 +4,12 @@ write each slice's output aside and return its metadata; the driver swaps them i
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from iox_planner.errors import CatalogError
 from iox_planner.ingest.compact import SliceResult, SliceTask
+from spark_jobs.errors import run_tasks
 
 
 def _run_one(payload: tuple[dict[str, Any], str]) -> dict[str, Any]:
@@ -28,27 +26,10 @@ def spark_slice_runner(spark: Any) -> Any:
     """A `compact.SliceRunner` running every slice of a call as a task of one Spark job."""
 
     def run(tasks: Sequence[SliceTask], root: Path) -> list[SliceResult]:
-        if not tasks:
-            return []
-        payloads = [(asdict(t), str(root)) for t in tasks]
-        sc = spark.sparkContext
-        sc.setJobDescription(f"iox-batch compact: {len(tasks)} slice(s)")
-        try:
-            done = sc.parallelize(payloads, len(payloads)).map(_run_one).collect()
-        except Exception as err:  # noqa: BLE001 - Spark's errors as one paragraph
-            if os.environ.get("IOX_DEBUG"):
-                raise
-            raise CatalogError(f"compaction's Spark job failed, nothing was changed: {_first_error(err)}") from err
+        done = run_tasks(spark, [(asdict(t), str(root)) for t in tasks], _run_one,
+                         f"iox-batch compact: {len(tasks)} slice(s)",
+                         "compaction's Spark job failed, nothing was changed")
         return [SliceResult(**{**d, "tag_ranges": {k: tuple(v) for k, v in d["tag_ranges"].items()}})
                 for d in done]
 
     return run
-
-
-def _first_error(err: Exception) -> str:
-    """The Python worker's own error line (e.g. `CatalogError: ...`, `FileNotFoundError: ...`) when there is one,
-    else the first line of Spark's message; never a traceback."""
-    text = str(err)
-    found = re.findall(r"^(?:[A-Za-z_.]+(?:Error|Exception)): .+$", text, flags=re.M)
-    line = found[-1] if found else (text.strip().splitlines() or [type(err).__name__])[0]
-    return line[:500]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from iox_planner.errors import CatalogError
 from iox_planner.model import HIDDEN_PREFIX, NS_PREFIX, TIME_NS, VIEW_PREFIX
@@ -71,3 +71,29 @@ def sanitize_spark_message(message: str, plan: QueryPlan | None = None) -> str:
     if len(text) > 600:
         text = text[:600] + "..."
     return error_class + (text or "Spark gave no message")
+
+
+def run_tasks(spark: Any, payloads: Sequence[Any], task: Callable[[Any], Any], description: str,
+              failed: str) -> list[Any]:
+    """Run `task` over `payloads`, one Spark task each, in one Spark job (compaction's slices, the bulk load's
+    ranges). A failing task fails the job; it is raised as a CatalogError `"<failed>: <the worker's error line>"`,
+    one paragraph (IOX_DEBUG keeps Spark's own exception)."""
+    if not payloads:
+        return []
+    sc = spark.sparkContext
+    sc.setJobDescription(description)
+    try:
+        return list(sc.parallelize(list(payloads), len(payloads)).map(task).collect())
+    except Exception as err:  # noqa: BLE001 - Spark's errors as one paragraph
+        if os.environ.get("IOX_DEBUG"):
+            raise
+        raise CatalogError(f"{failed}: {first_error(err)}") from err
+
+
+def first_error(err: Exception) -> str:
+    """The Python worker's own error line (e.g. `CatalogError: ...`, `FileNotFoundError: ...`) when there is one,
+    else the first line of Spark's message; never a traceback."""
+    text = str(err)
+    found = re.findall(r"^(?:[A-Za-z_.]+(?:Error|Exception)): .+$", text, flags=re.M)
+    line = found[-1] if found else (text.strip().splitlines() or [type(err).__name__])[0]
+    return line[:500]

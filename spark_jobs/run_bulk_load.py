@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=["ns", "us", "ms", "s"], default="ns")
     parser.add_argument("--accept-partial", action="store_true")
     parser.add_argument("--report", required=True)
+    parser.add_argument("--root", help="the folder the input must lie in (a triggered load's IOX_BULK_LOAD_ROOT); "
+                                       "checked again here on what is opened, since the DAG's check ran earlier")
     parser.add_argument("source", metavar="FILE|DIR")
     args = parser.parse_args(argv)
     from iox_planner.errors import IoxError, clip_message
@@ -51,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         result = bulk_write(catalog, args.db, args.source, spark_range_runner(spark),
                             precision=Precision(args.precision), accept_partial=args.accept_partial,
                             progress=lambda line: print(line, file=sys.stderr, flush=True),
-                            min_ranges=spark.sparkContext.defaultParallelism)
+                            min_ranges=spark.sparkContext.defaultParallelism,
+                            input_root=Path(args.root) if args.root else None)
     finally:
         catalog.dispose()
     tmp = out.with_name(f".{out.name}.tmp")

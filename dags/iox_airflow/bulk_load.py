@@ -3,9 +3,9 @@ IOX_BULK_LOAD_ROOT before anything reads it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -54,12 +54,23 @@ def load_args(params: Mapping[str, Any], settings: AirflowSettings, run_id: str)
     if precision not in _PRECISIONS:
         raise BadInputError(f"precision must be one of {', '.join(_PRECISIONS)}")
     folder = resolve_folder(params.get("folder"), settings)  # type: ignore[arg-type]
-    return ["--db", db, "--precision", precision, "--report", str(report_path(run_id)), "--", str(folder)]
+    # The job checks the folder against the root again when it opens it: this check ran in an earlier task, and
+    # the folder (or a folder on its path) may have become a link since.
+    return ["--db", db, "--precision", precision, "--report", str(report_path(run_id)),
+            "--root", str(settings.bulk_load_root), "--", str(folder)]
 
 
 def report_path(run_id: str) -> Path:
+    """Where the load's job leaves its report for the summary task: under the project's state folder (like
+    `iox_compact`'s reports), not a shared, world-writable temp folder where another user could plant a link at a
+    predictable name. The digest keeps two run ids that sanitize alike apart."""
+    from iox_planner.config import state_dir
+
     safe = re.sub(r"[^A-Za-z0-9_-]", "_", run_id)[:150]
-    return Path(tempfile.gettempdir()) / f"iox-bulk-load-{safe}.json"
+    digest = hashlib.sha256(run_id.encode()).hexdigest()[:12]
+    folder = state_dir() / "bulk_load"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{safe}-{digest}.json"
 
 
 def summary(run_id: str) -> dict[str, Any]:

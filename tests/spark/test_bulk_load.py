@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from helpers import catalog_counts
 from iox_planner.catalog.store import Catalog
+from iox_planner.errors import BadInputError
 from iox_planner.ingest import bulk
 from iox_planner.ingest.persist import sweep_unreferenced
 from spark_helpers import cli, run_jsonl
@@ -210,12 +211,47 @@ def test_a_type_conflict_between_ranges_is_rejected_as_the_plain_write_rejects_i
     _assert_rejected_like_plain(catalog, folder, [folder / "a.lp", folder / "b.lp"], f"{db}_x")
 
 
+def test_a_triggered_load_reads_only_inside_its_root_whatever_is_swapped_in(tmp_path: Path) -> None:
+    """The DAG checks the folder in one task and the load opens it in a later one: the load checks again, on what
+    it actually opens, and every later open must find the very file it listed."""
+    root = tmp_path / "root"
+    (root / "drop" / "a").mkdir(parents=True)
+    (root / "drop" / "a" / "x.lp").write_text("m f=1 1\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.lp").write_text("secret f=1 1\n")
+    assert [p.path.name for p in bulk.input_files(str(root / "drop" / "a"), root)] == ["x.lp"]
+    # The folder, once checked, swapped for a link out of the root: refused when the load opens it.
+    (root / "drop" / "a").rename(root / "drop" / "was")
+    (root / "drop" / "a").symlink_to(outside)
+    with pytest.raises(BadInputError, match="not inside"):
+        bulk.input_files(str(root / "drop" / "a"), root)
+    with pytest.raises(BadInputError, match="not inside"):
+        bulk.input_files(str(outside / "secret.lp"), root)
+    # Listed, then swapped under the load (a folder on its path becomes a link, or the file is rewritten): every
+    # later open (cuts, tasks, the plain fallback) refuses it.
+    (root / "drop" / "a").unlink()
+    (root / "drop" / "was").rename(root / "drop" / "a")
+    [listed] = bulk.input_files(str(root / "drop" / "a"), root)
+    (root / "drop" / "a").rename(root / "drop" / "was")
+    (root / "drop" / "a").symlink_to(outside)
+    (outside / "x.lp").write_text("secret f=1 1\n")
+    with pytest.raises(BadInputError, match="changed while the bulk load ran"):
+        bulk.plan_ranges([listed], 4096)
+    (root / "drop" / "a").unlink()
+    (root / "drop" / "was").rename(root / "drop" / "a")
+    [ranged] = bulk.plan_ranges([listed], 4096)
+    (root / "drop" / "a" / "x.lp").write_text("m f=22 2\n")  # rewritten in place: same inode, new size
+    with pytest.raises(BadInputError, match="changed while the bulk load ran"):
+        bulk.open_input(ranged.path, ranged.pin)
+
+
 def test_the_input_folder_is_read_deliberately(tmp_path: Path) -> None:
     (tmp_path / "b.lp").write_text("m f=1 1\n")
     (tmp_path / "a.lp").write_text("m f=1 1\n")
     (tmp_path / ".swp").write_text("x")
     (tmp_path / "sub").mkdir()
-    assert [p.name for p in bulk.input_files(str(tmp_path))] == ["a.lp", "b.lp"]
+    assert [p.path.name for p in bulk.input_files(str(tmp_path))] == ["a.lp", "b.lp"]
     (tmp_path / "link.lp").symlink_to(tmp_path / "a.lp")
     with pytest.raises(Exception, match="symlink"):
         bulk.input_files(str(tmp_path))
@@ -235,7 +271,7 @@ def test_ranges_end_at_line_boundaries(tmp_path: Path) -> None:
     path = tmp_path / "a.lp"
     data = "".join(f"m,t=x{'y' * (i % 37)} f={i} {i}\n" for i in range(3000)).encode()
     path.write_bytes(data)
-    ranges = bulk.plan_ranges([path], 4096)
+    ranges = bulk.plan_ranges(bulk.input_files(str(path)), 4096)
     assert len(ranges) > 5
     assert ranges[0].start == 0 and ranges[-1].end == len(data)
     for left, right in zip(ranges, ranges[1:]):

@@ -76,41 +76,92 @@ def range_bytes() -> int:
 # --- input --------------------------------------------------------------------------------------------------------
 
 
-def input_files(source: str) -> list[Path]:
+@dataclass(frozen=True)
+class InputFile:
+    """A file of the load and what it was when listed: every later open (the driver's cuts, each task, the plain
+    fallback) refuses it unless it is still that very file (not followed through a link, same inode, size and
+    modification time). A folder or file swapped for a link after the listing, or a file changed meanwhile, then
+    fails the load instead of feeding it other bytes. (The device number is left out: on a shared file system it
+    differs from host to host.)"""
+
+    path: Path
+    ino: int
+    size: int
+    mtime_ns: int
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def open_input(path: str | Path, pin: tuple[int, int, int]) -> BinaryIO:
+    """`path` opened for reading if it is still the file `pin` (inode, size, mtime) names; else a BadInputError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise BadInputError(f"cannot read {path}: {err.strerror}; it changed while the bulk load ran") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or _identity(st) != tuple(pin):
+        os.close(fd)
+        raise BadInputError(f"{path} changed while the bulk load ran (replaced, moved, or written to): nothing "
+                            "was loaded; run the load again once its files are still")
+    return os.fdopen(fd, "rb")
+
+
+def _inside(fd: int, source: str, root: Path) -> Path:
+    """The real path of the open `fd`, which must lie strictly inside `root`: read from the kernel's own record of
+    what was opened, so a link swapped in after a check cannot lead elsewhere."""
+    real = Path(os.readlink(f"/proc/self/fd/{fd}"))
+    resolved = root.resolve()
+    if real == resolved or not real.is_relative_to(resolved):
+        raise BadInputError(f"{source!r} resolves to {real}, which is not inside {resolved}: this load reads only "
+                            "below that folder")
+    return real
+
+
+def input_files(source: str, root: Path | None = None) -> list[InputFile]:
     """The files a load reads, in load order: FILE itself, or DIR's regular files sorted by the bytes of their
     names. Hidden names (a leading dot: editors' swap files, `.DS_Store`) are skipped and subfolders not entered;
-    a symlink, device, FIFO or socket in DIR is refused (it could point outside DIR, or block a read forever)."""
+    a symlink, device, FIFO or socket in DIR is refused (it could point outside DIR, or block a read forever).
+    `root` (a triggered load's IOX_BULK_LOAD_ROOT): what is opened must lie inside it, checked on the open folder
+    or file itself. Each file is pinned (`InputFile`) as listed."""
     if source == "-":
         raise BadInputError("write --spark reads files, not standard input: give a FILE or a folder")
-    path = Path(source)
     try:
-        st = path.stat()
+        fd = os.open(os.path.realpath(source), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise BadInputError(f"cannot read {source}: no such file or folder") from None
     except PermissionError:
         raise BadInputError(f"cannot read {source}: permission denied") from None
-    if stat.S_ISREG(st.st_mode):
-        return [path]
-    if not stat.S_ISDIR(st.st_mode):
-        raise BadInputError(f"cannot read {source}: it is neither a regular file nor a folder")
-    found: list[Path] = []
+    except OSError as err:
+        raise BadInputError(f"cannot read {source}: {err.strerror}") from None
     try:
-        entries = sorted(os.scandir(path), key=lambda e: os.fsencode(e.name))
-    except PermissionError:
-        raise BadInputError(f"cannot read {source}: permission denied") from None
-    for entry in entries:
-        if entry.name.startswith("."):
-            continue
-        if entry.is_symlink():
-            raise BadInputError(f"{source} holds a symlink, {entry.name!r}: a bulk load reads only regular files "
-                                "of its folder; replace the link by the file or load the file itself")
-        mode = entry.stat(follow_symlinks=False).st_mode
-        if stat.S_ISDIR(mode):
-            continue
-        if not stat.S_ISREG(mode):
-            raise BadInputError(f"{source} holds {entry.name!r}, which is not a regular file (a device, FIFO or "
-                                "socket): remove it from the folder")
-        found.append(Path(entry.path))
+        real = _inside(fd, source, root) if root is not None else Path(os.path.realpath(source))
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            return [InputFile(real, *_identity(st))]
+        if not stat.S_ISDIR(st.st_mode):
+            raise BadInputError(f"cannot read {source}: it is neither a regular file nor a folder")
+        found: list[InputFile] = []
+        try:
+            entries = sorted(os.scandir(fd), key=lambda e: os.fsencode(e.name))
+        except PermissionError:
+            raise BadInputError(f"cannot read {source}: permission denied") from None
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            if entry.is_symlink():
+                raise BadInputError(f"{source} holds a symlink, {entry.name!r}: a bulk load reads only regular "
+                                    "files of its folder; replace the link by the file or load the file itself")
+            est = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(est.st_mode):
+                continue
+            if not stat.S_ISREG(est.st_mode):
+                raise BadInputError(f"{source} holds {entry.name!r}, which is not a regular file (a device, FIFO "
+                                    "or socket): remove it from the folder")
+            found.append(InputFile(real / entry.name, *_identity(est)))
+    finally:
+        os.close(fd)
     if not found:
         raise BadInputError(f"nothing to write: {source} holds no files (hidden files and subfolders are skipped)")
     return found
@@ -126,16 +177,18 @@ class Range:
     name: str
     start: int
     end: int
+    pin: tuple[int, int, int]
+    """The file's (inode, size, mtime) when listed (`InputFile`): the task opens only that file."""
 
 
-def plan_ranges(paths: Sequence[Path], target: int) -> list[Range]:
+def plan_ranges(files: Sequence[InputFile], target: int) -> list[Range]:
     """Each file cut into ranges of about `target` bytes, each cut just after the first LF at or past the
     target offset (so a range is whole lines; a file without LF past a cut stays one range)."""
     ranges: list[Range] = []
-    for fi, path in enumerate(paths):
-        size = path.stat().st_size
+    for fi, file in enumerate(files):
+        path, size, pin = file.path, file.size, (file.ino, file.size, file.mtime_ns)
         start, ri = 0, 0
-        with open(path, "rb") as f:
+        with open_input(path, pin) as f:
             while True:
                 cut = size
                 probe = start + target
@@ -147,7 +200,7 @@ def plan_ranges(paths: Sequence[Path], target: int) -> list[Range]:
                         cut = probe + lf + 1
                         break
                     probe += len(buf)
-                ranges.append(Range(fi, ri, str(path), str(path), start, cut))
+                ranges.append(Range(fi, ri, str(path), str(path), start, cut, pin))
                 if cut >= size:
                     break
                 start, ri = cut, ri + 1
@@ -217,7 +270,7 @@ def parse_range(r: Range, params: TaskParams) -> RangeResult:
     pending: dict[tuple[str, str], plain._Pending] = {}
     points = 0
     try:
-        with open(r.path, "rb") as f:
+        with open_input(r.path, r.pin) as f:
             f.seek(r.start)
             blocks = line_blocks(cast(BinaryIO, _Bounded(f, r.end - r.start)), r.name)
             for parsed in plain.parse_blocks(blocks, parser):
@@ -304,14 +357,16 @@ def bulk_write(
     target_bytes: int | None = None,
     min_ranges: int = 1,
     warehouse: Path | None = None,
+    input_root: Path | None = None,
 ) -> plain.WriteResult:
     """`iox-batch write --spark`: see the module docstring. `min_ranges` (the cluster's parallelism): ranges are
-    made smaller than `IOX_BULK_RANGE_BYTES` when that gives every core a range."""
+    made smaller than `IOX_BULK_RANGE_BYTES` when that gives every core a range. `input_root`: the folder the
+    input must lie in (a triggered load's IOX_BULK_LOAD_ROOT), checked again here on what is actually opened."""
     check_db_name(db)
     precision = Precision(precision)
     root = warehouse or default_warehouse()
-    paths = input_files(source)
-    size = sum(p.stat().st_size for p in paths)
+    paths = input_files(source, input_root)
+    size = sum(p.size for p in paths)
     ranges = plan_ranges(paths, max(1, min(target_bytes or range_bytes(), -(-size // max(1, min_ranges)))))
     total = sum(r.end - r.start for r in ranges)
     default_time = now_ns()
@@ -409,7 +464,7 @@ def _register(catalog: Catalog, db: str, results: Sequence[RangeResult], staging
     return plain.WriteResult(tuple(written))
 
 
-def _plain_load(catalog: Catalog, db: str, paths: Sequence[Path], precision: Precision, default_time: int,
+def _plain_load(catalog: Catalog, db: str, paths: Sequence[InputFile], precision: Precision, default_time: int,
                 accept_partial: bool, root: Path) -> plain.WriteResult:
     """The load as plain streamed writes of each file in order, in one transaction (all or nothing)."""
     staged = plain.Staged(root)
@@ -417,11 +472,11 @@ def _plain_load(catalog: Catalog, db: str, paths: Sequence[Path], precision: Pre
     rejected: list[LineError] = []
     limit = plain.write_chunk_rows()
     with staged.transaction(catalog) as conn:
-        for path in paths:
+        for file in paths:
             parser = StreamParser(precision=precision, default_time=default_time)
-            with open(path, "rb") as f:
-                result = plain._write_blocks(catalog, conn, staged, db, line_blocks(f, str(path)), parser,
-                                             accept_partial, str(path), limit)
+            with open_input(file.path, (file.ino, file.size, file.mtime_ns)) as f:
+                result = plain._write_blocks(catalog, conn, staged, db, line_blocks(f, str(file.path)), parser,
+                                             accept_partial, str(file.path), limit)
             chunks.extend(result.chunks)
             rejected.extend(result.rejected)
         kill_point("write.before_commit")
