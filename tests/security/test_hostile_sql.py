@@ -329,14 +329,16 @@ def _ors(n: int) -> str:
 
 def test_planning_many_ors_grows_near_linearly(h2o_source: Any) -> None:
     """2,000 ORs once planned in 3 s and 10,000 in over 5 minutes (quadratic). Compare 500 with 2,000 (4x the
-    SQL): linear is 4x; quadratic was 16x. Allow 8x for a machine shared with other test runs."""
+    SQL): linear is 4x; quadratic was 16x; 8x is allowed. Measured in this process's CPU time, best of three taking
+    turns: wall time on a machine shared with other test runs once made a linear planner look 10x."""
     plan_query(_ors(50), h2o_source, now_ns=0)  # warm up
-    timings = {}
-    for n in (500, 2_000):
-        started = time.perf_counter()
-        plan = plan_query(_ors(n), h2o_source, now_ns=0)
-        timings[n] = time.perf_counter() - started
-        assert plan.spark_sql.count(" OR ") == n - 1
+    timings = {500: float("inf"), 2_000: float("inf")}
+    for _ in range(3):
+        for n in timings:
+            started = time.process_time()
+            plan = plan_query(_ors(n), h2o_source, now_ns=0)
+            timings[n] = min(timings[n], time.process_time() - started)
+            assert plan.spark_sql.count(" OR ") == n - 1
     assert timings[2_000] < 8 * timings[500] + 0.5, timings
 
 
