@@ -85,6 +85,10 @@ class InputFile:
     differs from host to host.)"""
 
     path: Path
+    """Absolute: what the tasks open, wherever their working folder is."""
+    name: str
+    """The file as the user named it (the source, or the source's folder joined with the file's name): what
+    errors say, as a plain write of that file would."""
     ino: int
     size: int
     mtime_ns: int
@@ -139,7 +143,7 @@ def input_files(source: str, root: Path | None = None) -> list[InputFile]:
         real = _inside(fd, source, root) if root is not None else Path(os.path.realpath(source))
         st = os.fstat(fd)
         if stat.S_ISREG(st.st_mode):
-            return [InputFile(real, *_identity(st))]
+            return [InputFile(real, source, *_identity(st))]
         if not stat.S_ISDIR(st.st_mode):
             raise BadInputError(f"cannot read {source}: it is neither a regular file nor a folder")
         found: list[InputFile] = []
@@ -159,7 +163,7 @@ def input_files(source: str, root: Path | None = None) -> list[InputFile]:
             if not stat.S_ISREG(est.st_mode):
                 raise BadInputError(f"{source} holds {entry.name!r}, which is not a regular file (a device, FIFO "
                                     "or socket): remove it from the folder")
-            found.append(InputFile(real / entry.name, *_identity(est)))
+            found.append(InputFile(real / entry.name, str(Path(source) / entry.name), *_identity(est)))
     finally:
         os.close(fd)
     if not found:
@@ -200,7 +204,7 @@ def plan_ranges(files: Sequence[InputFile], target: int) -> list[Range]:
                         cut = probe + lf + 1
                         break
                     probe += len(buf)
-                ranges.append(Range(fi, ri, str(path), str(path), start, cut, pin))
+                ranges.append(Range(fi, ri, str(path), file.name, start, cut, pin))
                 if cut >= size:
                     break
                 start, ri = cut, ri + 1
@@ -475,8 +479,8 @@ def _plain_load(catalog: Catalog, db: str, paths: Sequence[InputFile], precision
         for file in paths:
             parser = StreamParser(precision=precision, default_time=default_time)
             with open_input(file.path, (file.ino, file.size, file.mtime_ns)) as f:
-                result = plain._write_blocks(catalog, conn, staged, db, line_blocks(f, str(file.path)), parser,
-                                             accept_partial, str(file.path), limit)
+                result = plain._write_blocks(catalog, conn, staged, db, line_blocks(f, file.name), parser,
+                                             accept_partial, file.name, limit)
             chunks.extend(result.chunks)
             rejected.extend(result.rejected)
         kill_point("write.before_commit")
