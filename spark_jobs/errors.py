@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
@@ -97,3 +98,15 @@ def first_error(err: Exception) -> str:
     found = re.findall(r"^(?:[A-Za-z_.]+(?:Error|Exception)): .+$", text, flags=re.M)
     line = found[-1] if found else (text.strip().splitlines() or [type(err).__name__])[0]
     return line[:500]
+
+
+def exit_status(work: Callable[[], int]) -> int:
+    """A spark-submit job's exit status: `work()`'s, or 1 after printing an IoxError as one clipped paragraph on
+    standard error (what `sparkconf.run_submit` reports to the user)."""
+    from iox_planner.errors import IoxError, clip_message
+
+    try:
+        return work()
+    except IoxError as err:
+        print(clip_message(f"error: {err}"), file=sys.stderr)
+        return 1

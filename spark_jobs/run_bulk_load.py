@@ -28,13 +28,9 @@ def main(argv: list[str] | None = None) -> int:
                                        "checked again here on what is opened, since the DAG's check ran earlier")
     parser.add_argument("source", metavar="FILE|DIR")
     args = parser.parse_args(argv)
-    from iox_planner.errors import IoxError, clip_message
+    from spark_jobs.errors import exit_status
 
-    try:
-        return run(args)
-    except IoxError as err:
-        print(clip_message(f"error: {err}"), file=sys.stderr)
-        return 1
+    return exit_status(lambda: run(args))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -46,13 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.target) == bool(args.db) or (args.target and (args.table or args.partition)):
         parser.error("give either --target DB=PARTITION_ID[,...] (repeatable) or --db DB [--table] [--partition]")
-    from iox_planner.errors import IoxError, clip_message
+    from spark_jobs.errors import exit_status
 
-    try:
-        return run(args)
-    except IoxError as err:
-        print(clip_message(f"error: {err}"), file=sys.stderr)
-        return 1
+    return exit_status(lambda: run(args))
 
 
 def run(args: argparse.Namespace) -> int:

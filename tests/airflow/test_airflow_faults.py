@@ -36,14 +36,13 @@ import pytest
 from af_support import BIN, ROOT, leftovers, locks, query_runs
 from test_airflow_iox_query import EXPECTED, QUERY
 
-from iox_planner.catalog import localpg
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.scenario import load_scenario, read_scenario
 
 # The fault suite's own-cluster helpers (tests/faults/fault_support.py): the Postgres tests below stop and restart
 # a cluster of their own, never the one the other tests' catalog lives in.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
-from fault_support import FaultWorld, Restarter, own_base  # noqa: E402
+from fault_support import FaultWorld, Restarter, own_world  # noqa: E402
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
 
@@ -354,20 +353,10 @@ class AfWorld:
 @pytest.fixture(scope="module")
 def af_world(airflow_env: dict[str, str], spark: object, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[AfWorld]:
-    base = own_base()
-    pg = localpg.start_cluster(base)
-    try:
-        url = localpg.ensure_database(pg, f"af_faults_{uuid.uuid4().hex[:8]}")
-        warehouse = tmp_path_factory.mktemp("af_fault_warehouse")
-        catalog = Catalog(url)
-        catalog.migrate()
+    with own_world("af_faults", tmp_path_factory.mktemp("af_fault_warehouse")) as fw:
         db = "af_fault_h2o"
-        load_scenario(catalog, read_scenario(ROOT / "examples" / "h2o.yaml"), db=db, warehouse=warehouse)
-        yield AfWorld(airflow_env, FaultWorld(base, pg, url, warehouse, catalog), db, tmp_path_factory.mktemp("af_fault"))
-        catalog.dispose()
-    finally:
-        localpg.stop_cluster(pg, "immediate")
-        shutil.rmtree(base, ignore_errors=True)
+        load_scenario(fw.catalog, read_scenario(ROOT / "examples" / "h2o.yaml"), db=db, warehouse=fw.warehouse)
+        yield AfWorld(airflow_env, fw, db, tmp_path_factory.mktemp("af_fault"))
 
 
 def _replay(operation: str, point: object) -> str:

@@ -7,6 +7,7 @@ what the catalog and the warehouse hold.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -91,13 +92,14 @@ def own_base() -> Path:
     return base
 
 
-@pytest.fixture(scope="session")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultWorld]:
+@contextlib.contextmanager
+def own_world(name: str, warehouse: Path) -> Iterator[FaultWorld]:
+    """A Postgres cluster of the suite's own (never the project's: the tests stop and restart it), a migrated
+    catalog database `<name>_<random>` on it, and `warehouse`; the cluster is stopped and removed afterwards."""
     base = own_base()
     pg = localpg.start_cluster(base)
     try:
-        url = localpg.ensure_database(pg, f"faults_{uuid.uuid4().hex[:8]}")
-        warehouse = tmp_path_factory.mktemp("fault_warehouse")
+        url = localpg.ensure_database(pg, f"{name}_{uuid.uuid4().hex[:8]}")
         catalog = Catalog(url)
         catalog.migrate()
         yield FaultWorld(base, pg, url, warehouse, catalog)
@@ -105,6 +107,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultWorld]:
     finally:
         localpg.stop_cluster(pg, "immediate")
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultWorld]:
+    with own_world("faults", tmp_path_factory.mktemp("fault_warehouse")) as w:
+        yield w
 
 
 @pytest.fixture
