@@ -47,7 +47,7 @@ from iox_planner.planner.nodes import (
 from iox_planner.planner.predicate import Conjunct, columns_of, predicate_sql
 from iox_planner.planner.timebounds import time_bounds
 from iox_planner.slicing import Span, disjoint_base
-from spark_jobs.extract import check_file, group_inputs, read_distinct
+from spark_jobs.extract import check_file, group_inputs, read_distinct, share_meeting
 from spark_jobs.transform import (
     chunk_order_column, deduplicate, deduplicate_window, file_type, q, to_view, union_all,
 )
@@ -102,8 +102,8 @@ DEFAULT_STRATEGY = Strategy.ARROW
 class PassThrough(str, Enum):
     """Whether the ARROW strategy splits a dedup group so that rows which cannot have a duplicate skip the Python
     workers (`ScanBuilder._pass_through_split`): AUTO when the late chunks hold at most 1/PASS_THROUGH_RATIO of
-    the base files' rows, ALWAYS whenever the group has both (the tests' setting: it exercises the split on every
-    shape), OFF never. `IOX_DEDUP_PASS_THROUGH` sets it; results never depend on it."""
+    the base files' rows and at most 1/PASS_THROUGH_RATIO of the largest base file's rows may meet them, ALWAYS
+    whenever the group has both (the tests' setting: it exercises the split on every shape), OFF never. `IOX_DEDUP_PASS_THROUGH` sets it; results never depend on it."""
 
     AUTO = "auto"
     ALWAYS = "always"
@@ -340,7 +340,14 @@ class ScanBuilder:
         if not usable:
             return None
         tag = max(usable, key=lambda t: (len(values[t]), t))
-        return base, {tag: sorted(values[tag], key=lambda x: (x is not None, x or ""))}
+        late_values = {tag: sorted(values[tag], key=lambda x: (x is not None, x or ""))}
+        if self.pass_through is PassThrough.AUTO:
+            # Worth it only if most base rows pass: measured on the largest base file, by the workers' own test.
+            sample = max(base, key=lambda i: chunks[i].rows or 0)
+            path = self.warehouse / chunks[sample].path  # type: ignore[operator]
+            if share_meeting(path, late_values) * PASS_THROUGH_RATIO > 1:
+                return None
+        return base, late_values
 
     def _late_values(self, chunk: Chunk, tags: Sequence[str]) -> dict[str, set[str | None] | None]:
         """Per tag, the values one late chunk holds (None in the set: NULL; a tag the file lacks is all NULL), or

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from iox_planner.errors import CatalogError
+from iox_planner.ingest.dedup import may_meet
 from iox_planner.model import Chunk
 from iox_planner.planner.nodes import DeduplicateExec, EmptyExec, FilterExec, ParquetExec, PlanNode, RecordBatchesExec
 from iox_planner.planner.predicate import Conjunct
@@ -68,3 +69,14 @@ def read_distinct(path: Path, columns: Sequence[str], limit: int) -> dict[str, s
                     break
             found[name] = values if len(values) <= limit else None
         return found
+
+
+def share_meeting(path: Path, late_values: Mapping[str, Sequence[str | None]]) -> float:
+    """The share of a Parquet file's rows that `dedup.may_meet` keeps for merging (reads only the listed columns)."""
+    with pq.ParquetFile(path) as parquet:
+        present = [c for c in late_values if c in parquet.schema_arrow.names]
+        rows: int = parquet.metadata.num_rows
+        if not rows:
+            return 0.0
+        table = parquet.read(columns=present) if present else pa.table({"_": pa.nulls(rows)})
+    return float(may_meet(table, late_values).sum()) / rows
