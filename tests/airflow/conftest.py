@@ -1,6 +1,8 @@
-"""Fixtures of the Airflow tests: real Airflow (its own AIRFLOW_HOME and SQLite metadata DB per session), the
-tests' own catalog database and warehouse (tests/conftest.py), sample data loaded into fresh databases, and
-materialized query definitions written for those databases."""
+"""Fixtures of the Airflow tests: real Airflow (its own AIRFLOW_HOME and SQLite metadata DB per session, so per
+xdist worker under `make test`), the tests' own catalog database and warehouse (tests/conftest.py, also per
+worker), sample data loaded into fresh databases, and materialized query definitions written for those databases.
+No test may count on another having run before it in the same process: `make test` deals the files out to two
+workers."""
 
 from __future__ import annotations
 
