@@ -103,7 +103,8 @@ class PassThrough(str, Enum):
     """Whether the ARROW strategy splits a dedup group so that rows which cannot have a duplicate skip the Python
     workers (`ScanBuilder._pass_through_split`): AUTO when the late chunks hold at most 1/PASS_THROUGH_RATIO of
     the base files' rows and at most 1/PASS_THROUGH_RATIO of the largest base file's rows may meet them, ALWAYS
-    whenever the group has both (the tests' setting: it exercises the split on every shape), OFF never. `IOX_DEDUP_PASS_THROUGH` sets it; results never depend on it."""
+    whenever the group has both (the tests' setting: it exercises the split on every shape), OFF never.
+    `IOX_DEDUP_PASS_THROUGH` sets it; results never depend on it."""
 
     AUTO = "auto"
     ALWAYS = "always"
@@ -329,17 +330,17 @@ class ScanBuilder:
         values: dict[str, set[str | None]] = {t: set() for t in tags}
         for chunk in late:
             for tag, found in self._late_values(chunk, tags).items():
-                if found is None or values.get(tag) is None:
-                    values[tag] = None  # type: ignore[assignment]
-                else:
-                    values[tag] |= found
+                if tag in values:
+                    if found is None or len(values[tag] | found) > MAX_LATE_VALUES:
+                        del values[tag]  # too many to test: this tag cannot decide
+                    else:
+                        values[tag] |= found
+        if not values:
+            return None
         # One tag decides: every tag Spark tests is a string column its scan must decode for every row, which
         # costs more than the rows it keeps out of the workers. The one with the most late values is the likely
         # identity of the late series (a host name), where base rows differ from them most.
-        usable = [t for t in tags if values[t] is not None and len(values[t]) <= MAX_LATE_VALUES]
-        if not usable:
-            return None
-        tag = max(usable, key=lambda t: (len(values[t]), t))
+        tag = max(values, key=lambda t: (len(values[t]), t))
         late_values = {tag: sorted(values[tag], key=lambda x: (x is not None, x or ""))}
         if self.pass_through is PassThrough.AUTO:
             # Worth it only if most base rows pass: measured on the largest base file, by the workers' own test.

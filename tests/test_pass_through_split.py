@@ -140,7 +140,8 @@ def split_and_merge(chunks: list[tuple[list[dict[str, Any]], bool]], table: pa.T
     for i in base:
         for position, row in enumerate(chunks[i][0]):
             if not all(row[t] in late_values[t] for t in late_values):
-                out.append((row["region"], row["host"], row["time"], row["v"], row["w"], int(order[starts[i] + position])))
+                out.append((row["region"], row["host"], row["time"], row["v"], row["w"],
+                            int(order[starts[i] + position])))
     return out, kept.num_rows
 
 
