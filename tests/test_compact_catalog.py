@@ -125,6 +125,21 @@ def test_the_arrow_dedup_sorts_on_the_keys_given_and_takes_an_all_null_tag() -> 
     assert [(r["time"], r["t"]) for r in merged.to_pylist()] == [(1, None), (1, "a"), (1, "b"), (2, "b")]
 
 
+def test_the_arrow_dedup_treats_a_repeated_dictionary_value_as_one_tag() -> None:
+    """A dictionary may hold a value twice (`unify_dictionaries` leaves a single chunk's as it is): the two rows
+    below are one key, the later write wins, and the merged row sorts as its value does."""
+    import numpy as np
+    import pyarrow as pa
+
+    from iox_planner.ingest.dedup import deduplicate_table
+
+    host = pa.DictionaryArray.from_arrays(pa.array([0, 2, 1], pa.int32()), pa.array(["b", "a", "b"]))
+    table = pa.table({"host": host, "time": [5, 5, 5], "v": [1, 2, 3]})
+    merged, order = deduplicate_table(table, ["host", "time"], np.array([10, 30, 20]))
+    assert [(r["host"], r["v"]) for r in merged.to_pylist()] == [("a", 3), ("b", 2)]
+    assert order.tolist() == [20, 30]
+
+
 # --- promotion: L0 files overlapping nothing become L1 in place ----------------------------------------------------
 
 H = 3_600_000_000_000  # one hour in ns

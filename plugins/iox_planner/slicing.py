@@ -12,7 +12,7 @@ One module for the planner's dedup slicing and compaction's, so both cut the sam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable
 
 
 @dataclass(frozen=True)
@@ -77,15 +77,3 @@ def time_slices(spans: Iterable[Span], max_rows: int, max_slices: int = 4096) ->
             position = cut + 1
     slices.append((start, high))
     return slices
-
-
-def disjoint_base(spans: Sequence[Span]) -> list[int]:
-    """Indices of spans that pairwise share no nanosecond (inclusive ranges), chosen greedily by rows, largest
-    first: the "base" of a dedup group, whose duplicate-free files cannot hold a duplicate of one another (their
-    rows differ in time), so only rows meeting the group's other chunks need merging."""
-    chosen: list[int] = []
-    for i in sorted(range(len(spans)), key=lambda j: (-spans[j].rows, j)):
-        s = spans[i]
-        if all(s.max_time < spans[j].min_time or s.min_time > spans[j].max_time for j in chosen):
-            chosen.append(i)
-    return sorted(chosen)

@@ -3,14 +3,11 @@
 One row per primary key (tags + time; a NULL tag equals a NULL tag); every other column takes its last non-null
 value in write order, given as one int64 per row (`(chunk order << 32) | write position`). Tags are dictionary
 encoded to integers first, so grouping is one `lexsort` over integer arrays instead of hashing strings.
-
-`may_meet` says which rows of a group's base files may share a series with its late chunks (the pass-through
-split of `spark_jobs/execute.py`).
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -138,39 +135,3 @@ def deduplicate_table(table: pa.Table, keys: Sequence[str], order: np.ndarray) -
         columns[name] = pc.if_else(pa.array(found), taken, pa.scalar(None, type=column.type))
     merged = pa.table(columns)
     return merged, np.asarray(order, dtype=np.int64)[idx][ends]
-
-
-def may_meet(table: pa.Table, late_values: Mapping[str, Sequence[str | None]]) -> np.ndarray:
-    """Per row: could it share its series with a row of the group's late chunks? True when, in every column
-    `late_values` lists, the row's value is one of the listed values (None stands for NULL, which equals NULL).
-
-    The query workers' half of the pass-through split (`spark_jobs/execute.py` builds the other half, the same
-    test as a Spark expression): base rows that may meet a late row are merged, the others are emitted by Spark's
-    own scan. The two halves must agree on every row, so this is the one definition: exact string equality, NULL
-    only where None is listed, a column the table lacks read as NULL."""
-    meets = np.ones(table.num_rows, dtype=bool)
-    for name, values in late_values.items():
-        listed = pa.array([v for v in values if v is not None], pa.string())
-        null_listed = any(v is None for v in values)
-        if name not in table.column_names:
-            if not null_listed:
-                meets[:] = False
-            continue
-        column = table[name]
-        array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        if pa.types.is_dictionary(array.type):
-            # Decide per dictionary entry (a repeated entry is decided alike; a NULL entry is NULL), then look
-            # each row's entry up (the extra last entry: a NULL index).
-            dictionary = array.dictionary.cast(pa.string())
-            listed_entry = pc.if_else(dictionary.is_null(), null_listed,
-                                      pc.is_in(dictionary, value_set=listed, skip_nulls=True))
-            entry = np.append(np.asarray(listed_entry.to_numpy(zero_copy_only=False), dtype=bool), null_listed)
-            indices = np.asarray(array.indices.fill_null(len(array.dictionary)).to_numpy(zero_copy_only=False),
-                                 dtype=np.int64)
-            meets &= entry[indices]
-        else:
-            found = pc.is_in(array.cast(pa.string()), value_set=listed, skip_nulls=True)
-            if null_listed:
-                found = pc.or_(found, array.is_null())
-            meets &= np.asarray(found.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
-    return meets
