@@ -4,11 +4,14 @@ compaction, compacted, queried after.
 For each rewrite fraction it builds hourly Parquet files (L0) plus the rewritten hours (overlapping L0 files with
 changed and omitted fields, as `bench_spark.py` builds them), plans the query, compacts the database
 (`ingest/compact.py`, slices on the one SparkSession), plans the query again, and then times in one interleaved
-run (variants taking turns, best of `--repeat` after a warm-up round):
+run (variants taking turns, `--repeat` rounds after a warm-up round; the table shows each variant's median, and
+each ratio as the median of the rounds' own ratios):
   - before:  the plan made before compaction (its files are retired but kept for the grace period, so it still
     runs), which deduplicates every overlapping group at query time;
   - after:   the plan over the compacted files (no dedup left);
-  - scan:    a plain Spark scan of the compacted files (the same rows, no planner: the lower bound);
+  - scan:    a plain Spark scan of the compacted files (the same rows, no planner: the lower bound); before
+    timing, the benchmark checks that Spark's physical plans of `after` and `scan` are the same operators over
+    the same files and columns, so after/scan can only measure the planner's own (driver-side) cost;
   - compact: the whole compaction again (planning, the Spark job, the catalog swap), on the same inputs: before
     each turn, untimed, the previous turn's outputs are retired (their files stay, for the `after` plan) and the
     inputs made live again, so every turn does the same work, warmed up as the queries are.
@@ -20,18 +23,21 @@ Targets: after/scan <= 1.05x at both fractions; compaction rows/s at least the q
 the `before` query's time). The load average is printed: on a shared
 machine the ratios, taken from one interleaved run, are what to trust, not the seconds.
 
-Run: `python benchmarks/bench_compact.py [--hosts 100 --hours 24 --repeat 3]`.
+Run: `python benchmarks/bench_compact.py [--hosts 1000 --hours 24 --repeat 5]` (the defaults: about 9 M rows stored,
+queries of several seconds, so a ratio is not a ratio of timer noise).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import statistics
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -66,32 +72,56 @@ def undo_compaction(catalog: Catalog, inputs: set[int], outputs: set[int]) -> No
 
 
 def interleaved(variants: dict[str, Callable[[], Any]], setup: dict[str, Callable[[], None]],
-                repeat: int) -> tuple[dict[str, float], dict[str, Any]]:
-    """Best time of each variant over `repeat` rounds after a warm-up round, the variants taking turns in every
-    round so a burst of load on a shared machine hits all of them alike; `setup[name]` runs untimed before it."""
-    best = {name: float("inf") for name in variants}
+                repeat: int) -> tuple[list[dict[str, float]], dict[str, Any]]:
+    """Each variant's time in each of `repeat` rounds after a warm-up round. The variants take turns in every
+    round, in reverse order every other round, so a burst of load on a shared machine, or what one variant leaves
+    behind (garbage, a warm cache), hits all of them alike; `setup[name]` runs untimed before it."""
+    rounds: list[dict[str, float]] = []
     results: dict[str, Any] = {}
+    names = list(variants)
     for round_ in range(repeat + 1):
-        for name, action in variants.items():
+        times: dict[str, float] = {}
+        for name in (names if round_ % 2 == 0 else names[::-1]):
             if name in setup:
                 setup[name]()
             started = time.perf_counter()
-            results[name] = action()
-            if round_:
-                best[name] = min(best[name], time.perf_counter() - started)
-    return best, results
+            results[name] = variants[name]()
+            times[name] = time.perf_counter() - started
+        if round_:
+            rounds.append(times)
+    return rounds, results
+
+
+def scan_shape(df: Any) -> tuple[list[str], list[str], list[str]]:
+    """What a query's physical plan reads and does: its operator tree (names only), each scan's read schema and
+    the files read. `after` must equal `scan` on all three (same files, same columns, no extra step), so their
+    ratio measures the planner's overhead and nothing else."""
+    text = df._sc._jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), "formatted")
+    tree = [re.sub(r"\s*\(\d+\)$", "", line) for line in text.split("\n\n\n")[0].splitlines()[1:]]
+    schemas = [line for line in text.splitlines() if line.startswith("ReadSchema:")]
+    return tree, schemas, sorted(df.inputFiles())
+
+
+def median_of(rounds: Sequence[Mapping[str, float]], name: str) -> float:
+    return statistics.median(r[name] for r in rounds)
+
+
+def median_ratio(rounds: Sequence[Mapping[str, float]], top: str, bottom: str) -> float:
+    """The median over rounds of one round's ratio: the two variants of a round ran back to back, under the same
+    load, so their ratio is steadier than a ratio of two separately taken figures."""
+    return statistics.median(r[top] / r[bottom] for r in rounds)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hosts", type=int, default=100)
+    parser.add_argument("--hosts", type=int, default=1000)
     parser.add_argument("--hours", type=int, default=24)
     parser.add_argument("--interval", type=int, default=10)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--fractions", default="0.1,0.5")
     parser.add_argument("--master", default=os.environ.get("IOX_SPARK_MASTER", "local[2]"))
     args = parser.parse_args()
-    console = Console(width=200)
+    console = Console(width=240)
 
     from spark_jobs.compact_job import spark_slice_runner
     from spark_jobs.execute import execute
@@ -105,10 +135,11 @@ def main() -> None:
     spark.sparkContext.parallelize([1], 1).map(lambda x: x).collect()
     load_start = os.getloadavg()
     report = Table(title=f"sum of 10 fields + count(*), {args.hosts} hosts x {args.hours} h, {args.interval} s "
-                         f"samples, {args.master}; best of {args.repeat}")
+                         f"samples, {args.master}; medians of {args.repeat} rounds")
     for col in ("rewritten", "rows stored", "rows after", "files before", "files after", "before s", "after s",
                 "scan s", "after/scan", "before/scan", "files in/promoted", "compact s",
-                "compact rows rewritten/s", "compact rows covered/s", "query dedup rows/s"):
+                "compact rows rewritten/s", "compact rows covered/s", "query dedup rows/s",
+                "covered/dedup"):
         report.add_column(col, justify="right")
     for fraction in [float(f) for f in args.fractions.split(",")]:
         db = f"bench_compact_{int(fraction * 100)}_{uuid.uuid4().hex[:6]}"
@@ -124,14 +155,23 @@ def main() -> None:
         files = [str(root / c.path) for c in after.chunks().values() if c.path]
         dedups = sum(1 for tree in after.children for n in tree.walk() if n.name == "DeduplicateExec")
 
-        def run_plan(p: Any) -> Any:
-            return execute(spark, p, root).result.collect()[0]
+        def plan_frame(p: Any) -> Any:
+            return execute(spark, p, root).result
 
-        def scan() -> Any:
+        def scan_frame() -> Any:
             from pyspark.sql import functions as F
 
             df = spark.read.parquet(*files)
-            return df.agg(F.count("*"), *[F.sum(f) for f in tsbs.FIELDS]).collect()[0]
+            return df.agg(F.count("*"), *[F.sum(f) for f in tsbs.FIELDS])
+
+        def run_plan(p: Any) -> Any:
+            return plan_frame(p).collect()[0]
+
+        def scan() -> Any:
+            return scan_frame().collect()[0]
+
+        shape_after, shape_scan = scan_shape(plan_frame(after)), scan_shape(scan_frame())
+        assert shape_after == shape_scan, f"after and scan differ:\n{shape_after}\n{shape_scan}"
 
         def recompact() -> Any:
             return compact(catalog, db, spark_slice_runner(spark), settings=settings).totals()
@@ -140,7 +180,7 @@ def main() -> None:
                                                   "after": lambda: run_plan(after), "scan": scan,
                                                   "compact": recompact}
         setup = {"compact": lambda: undo_compaction(catalog, inputs, live_files(catalog, db))}
-        best, results = interleaved(variants, setup, args.repeat)
+        rounds, results = interleaved(variants, setup, args.repeat)
         totals = results["compact"]
         assert totals == first.totals(), (totals, first.totals())
         r_before, r_after = results["before"], results["after"]
@@ -148,12 +188,16 @@ def main() -> None:
         for a, b in zip(r_before[1:], r_after[1:]):
             assert abs(a - b) <= 1e-6 * max(1.0, abs(b)), (r_before, r_after)
         assert dedups == 0, f"{dedups} DeduplicateExec left after compaction"
-        t_before, t_after, t_scan, t_compact = best["before"], best["after"], best["scan"], best["compact"]
+        t_before, t_after, t_scan, t_compact = (median_of(rounds, n) for n in ("before", "after", "scan", "compact"))
+        covered = totals["rows_in"] + totals["rows_promoted"]
+        for i, r in enumerate(rounds):
+            console.print(f"  {fraction:.0%} round {i + 1}: " + ", ".join(f"{n} {t:.2f} s" for n, t in r.items()))
         report.add_row(f"{fraction:.0%}", f"{stored:,}", f"{r_after[0]:,}", str(files_before), str(len(files)),
-                       f"{t_before:.2f}", f"{t_after:.2f}", f"{t_scan:.2f}", f"{t_after / t_scan:.2f}x",
-                       f"{t_before / t_scan:.2f}x", f"{totals['files_in']}/{totals['files_promoted']}",
+                       f"{t_before:.2f}", f"{t_after:.2f}", f"{t_scan:.2f}", f"{median_ratio(rounds, 'after', 'scan'):.3f}x",
+                       f"{median_ratio(rounds, 'before', 'scan'):.2f}x", f"{totals['files_in']}/{totals['files_promoted']}",
                        f"{t_compact:.2f}", f"{totals['rows_in'] / t_compact:,.0f}",
-                       f"{(totals['rows_in'] + totals['rows_promoted']) / t_compact:,.0f}", f"{stored / t_before:,.0f}")
+                       f"{covered / t_compact:,.0f}", f"{stored / t_before:,.0f}",
+                       f"{covered / stored * median_ratio(rounds, 'before', 'compact'):.2f}x")
         console.print(f"  {fraction:.0%}: compacted {totals['partitions']} partition(s), {totals['files_in']} -> "
                       f"{totals['files_out']} files, {totals['files_promoted']} promoted in place, "
                       f"{totals['duplicates_removed']:,} duplicates removed in "

@@ -278,3 +278,35 @@ def test_the_unreferenced_file_sweep_waits_for_a_write_in_flight(catalog: Catalo
     rel = stray.relative_to(warehouse).as_posix()
     assert sweep_unreferenced(catalog, warehouse, db_id, grace_seconds=0) == [rel]
     assert not stray.exists() and (warehouse / chunk["path"]).exists()
+
+
+def test_tag_ranges_of_dictionary_tags_count_only_the_values_rows_use() -> None:
+    import pyarrow as pa
+
+    from iox_planner.ingest.files import tag_ranges
+    from iox_planner.model import ColumnType
+
+    # Two chunks with their own dictionaries, each holding values no row uses ("a", "zz"), and a NULL.
+    first = pa.DictionaryArray.from_arrays(pa.array([1, None, 2], pa.int32()), pa.array(["a", "m", "q"]))
+    second = pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array(["c", "zz"]))
+    table = pa.table({"host": pa.chunked_array([first, second]), "empty": pa.array([None] * 5, pa.string())})
+    columns = {"host": ColumnType.TAG, "empty": ColumnType.TAG}
+    assert tag_ranges(table, columns) == {"host": ("c", "q")}
+    assert tag_ranges(table.cast(pa.schema([("host", pa.string()), ("empty", pa.string())])), columns) == {
+        "host": ("c", "q")}
+
+
+def test_a_file_written_without_arrow_schema_reads_back_plain_with_its_metadata(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from iox_planner.ingest.files import write_parquet_atomic
+
+    plain = pa.table({"host": pa.array(["b", None, "a"]), "n": pa.array([1, 2, 3], pa.uint64()),
+                      "time": pa.array([1, 2, 3], pa.int64())})
+    encoded = plain.set_column(0, "host", plain["host"].dictionary_encode())
+    path = tmp_path / "x.parquet"
+    write_parquet_atomic(encoded, path, metadata={"iox.kind": "parquet"}, store_schema=False)
+    back = pq.read_table(path)
+    assert back.equals(plain.replace_schema_metadata({"iox.kind": "parquet"}))
+    assert pq.read_metadata(path).metadata == {b"iox.kind": b"parquet"}

@@ -364,20 +364,44 @@ def compact_slice(task: SliceTask, root: str) -> SliceResult:
     parts = []
     rows_in = 0
     for path, order in task.inputs:
-        table = pq.read_table(Path(root) / path, filters=[(TIME, ">=", task.lo), (TIME, "<=", task.hi)],
-                              read_dictionary=tags)
+        table = _read_slice(Path(root) / path, task.lo, task.hi, tags)
         rows_in += table.num_rows
         parts.append((order, table))
     if not parts:  # a slice of a rewrite group's gap: no input overlaps it
         return SliceResult(task.partition_id, task.index, task.output, 0, 0, None, None, 0, {})
-    # The sort key holds every tag and time (output_sort_key): the dedup's output is already sorted on it.
-    merged = storage.deduplicate(parts, columns, sort_key=task.sort_key)
+    # The sort key holds every tag and time (output_sort_key): the dedup's output is already sorted on it. Tags
+    # stay dictionary encoded into the writer, which writes Parquet dictionaries from them as they are; the file
+    # leaves Arrow's schema out so it reads back as plain strings, like every other file.
+    merged = storage.deduplicate(parts, columns, sort_key=task.sort_key, keep_dictionary=True)
     if merged.num_rows == 0:
         return SliceResult(task.partition_id, task.index, task.output, rows_in, 0, None, None, 0, {})
-    size = storage.write_parquet_atomic(merged, Path(root) / task.output, metadata={"iox.kind": "parquet"})
+    size = storage.write_parquet_atomic(merged, Path(root) / task.output, metadata={"iox.kind": "parquet"},
+                                        store_schema=False)
     mm = pc.min_max(merged[TIME]).as_py()
     return SliceResult(task.partition_id, task.index, task.output, rows_in, merged.num_rows, mm["min"], mm["max"],
                        size, storage.tag_ranges(merged, columns))
+
+
+def _read_slice(path: Path, lo: int, hi: int, tags: Sequence[str]) -> Any:
+    """The file's rows with time in `[lo, hi]`. When the file's own statistics (its footer, not the catalog) put
+    every row group inside the slice, it is read whole, without the row filter (a tenth of a slice's read time);
+    otherwise, or when a row group lacks time statistics, the filter decides row by row."""
+    import pyarrow.parquet as pq
+
+    with pq.ParquetFile(path) as pf:
+        meta = pf.metadata
+        field = pf.schema_arrow.get_field_index(TIME)
+        inside = field >= 0 and meta.num_row_groups > 0
+        for i in range(meta.num_row_groups):
+            if not inside:
+                break
+            stats = meta.row_group(i).column(field).statistics
+            inside = (stats is not None and stats.has_min_max and lo <= stats.min and stats.max <= hi)
+        if inside:
+            # Only the tags the file has: ParquetFile (unlike read_table) fails on a name it lacks.
+            held = set(pf.schema_arrow.names)
+            return pq.ParquetFile(path, metadata=meta, read_dictionary=[t for t in tags if t in held]).read()
+    return pq.read_table(path, filters=[(TIME, ">=", lo), (TIME, "<=", hi)], read_dictionary=tags)
 
 
 # --- the swap ------------------------------------------------------------------------------------------------

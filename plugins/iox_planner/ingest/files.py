@@ -81,7 +81,14 @@ def tag_ranges(table: pa.Table, columns: Mapping[str, ColumnType]) -> dict[str, 
     out: dict[str, tuple[str, str]] = {}
     for name, ctype in columns.items():
         if ctype is ColumnType.TAG and name in table.column_names:
-            mm = pc.min_max(table[name]).as_py()
+            column = table[name]
+            if pa.types.is_dictionary(column.type):
+                # The values the rows use, not the whole dictionary (it may hold values no row kept); the few
+                # distinct values are compared, not every row's string.
+                chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+                column = pa.chunked_array([c.dictionary.take(pc.unique(c.indices).drop_null()) for c in chunks],
+                                          type=column.type.value_type)
+            mm = pc.min_max(column).as_py()
             if mm["min"] is not None:
                 out[name] = (mm["min"], mm["max"])
     return out
@@ -111,14 +118,16 @@ def sort_table(table: pa.Table, sort_key: Sequence[str]) -> pa.Table:
 
 
 def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, ColumnType],
-                sort_key: Sequence[str] | None = None) -> pa.Table:
+                sort_key: Sequence[str] | None = None, *, keep_dictionary: bool = False) -> pa.Table:
     """IOx deduplication of `(chunk order, table)` parts: one row per primary key (tags + time, NULL tag equals
     NULL tag); every other column takes its last non-null value by chunk order, then write position (`__seq`).
     Parts may lack columns; the result has all of `columns` and no `__seq`. Tags a part holds dictionary encoded (as
     `read_dictionary` reads them) stay so through the merge, which then compares integers and moves indices; the
     result has plain strings as `arrow_schema` says. The merge itself is THE one Arrow
     dedup, `dedup.deduplicate_table` (the Spark runner's workers use it too), ranked by `pack_order`. With
-    `sort_key` (the primary key's columns in sort order), the rows come out sorted on it: no sort needed after."""
+    `sort_key` (the primary key's columns in sort order), the rows come out sorted on it: no sort needed after.
+    `keep_dictionary`: the tags merged dictionary encoded stay so in the result (a writer that encodes them as
+    Parquet dictionaries anyway then skips expanding them to strings and hashing them back)."""
     import numpy as np
 
     from iox_planner.ingest.dedup import deduplicate_table
@@ -149,16 +158,18 @@ def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, Col
     if encoded:
         table = table.unify_dictionaries()
     merged, _ = deduplicate_table(table, keys, np.concatenate(ranks))
-    return merged.select(schema.names).cast(schema)
+    return merged.select(schema.names).cast(merge_schema if keep_dictionary else schema)
 
 
 def write_parquet_atomic(table: pa.Table, path: Path, *, metadata: Mapping[str, str] | None = None,
-                         dictionary: Sequence[str] | None = None) -> int:
+                         dictionary: Sequence[str] | None = None, store_schema: bool = True) -> int:
     """Write aside, fsync, then rename into place. Returns the file size. `dictionary`: the columns to
     dictionary-encode; by default the string columns (tags, string fields) only. Tried on float or integer columns
     of measurements (nearly all values distinct) a dictionary falls back to plain after filling a dictionary page,
     which made the write about 3x slower and the file larger (measured on the TSBS cpu set: 0.35 s -> 0.13 s,
-    20 -> 17.5 MB for 234 k rows)."""
+    20 -> 17.5 MB for 234 k rows). `store_schema=False` leaves Arrow's own schema out of the file: readers then
+    take the types from the Parquet schema, so a table holding dictionary-encoded strings is read back as plain
+    strings (the file is the same Parquet either way)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     if metadata:
@@ -168,8 +179,11 @@ def write_parquet_atomic(table: pa.Table, path: Path, *, metadata: Mapping[str, 
         if dictionary is None:
             dictionary = [f.name for f in table.schema if pa.types.is_string(f.type)
                           or pa.types.is_large_string(f.type) or pa.types.is_dictionary(f.type)]
-        pq.write_table(table, tmp, compression="zstd",
-                       use_dictionary=[c for c in dictionary if c in table.column_names])
+        with pq.ParquetWriter(tmp, table.schema, compression="zstd", store_schema=store_schema,
+                              use_dictionary=[c for c in dictionary if c in table.column_names]) as writer:
+            writer.write_table(table)
+            if metadata and not store_schema:  # otherwise the schema's metadata carries it
+                writer.add_key_value_metadata(dict(metadata))
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
