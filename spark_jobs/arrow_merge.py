@@ -1,8 +1,8 @@
 """The Python-worker side of the ARROW dedup strategy: merge one dedup group's files into deduplicated rows.
 
 Runs inside Spark's Python workers (`mapInArrow`): each input row is a group id; its spec names the group's files
-(path, chunk order, whether it is an ingester chunk) and optional inclusive time bounds; the output is Arrow batches in the dedup
-node's schema, with Spark's types (unsigned as DECIMAL(20, 0)).
+(path, chunk order, whether it is an ingester chunk) and optional inclusive time bounds; the output is Arrow
+batches in the dedup node's schema, with Spark's types (unsigned as DECIMAL(20, 0)).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iox_planner.ingest.dedup import deduplicate_table
+from iox_planner.ingest.dedup import Part, deduplicate_parts
 from iox_planner.model import CHUNK_ORDER, ORDER_SHIFT, TIME, WRITE_SEQ, ColumnType
 
 ARROW_TYPES: Mapping[str, pa.DataType] = {
@@ -29,12 +29,14 @@ ARROW_TYPES: Mapping[str, pa.DataType] = {
 
 
 def read_group(files: Sequence[Sequence[Any]], columns: Sequence[str], types: Mapping[str, str],
-               bounds: Sequence[int | None]) -> tuple[pa.Table, np.ndarray]:
-    """All rows of a group's files with `columns` (missing ones NULL) and each row's packed write order. Tags
+               bounds: Sequence[int | None]) -> tuple[pa.Table, np.ndarray, list[Part]]:
+    """All rows of a group's files with `columns` (missing ones NULL), each row's packed write order, and which
+    rows came from which file (`dedup.Part`: a Parquet file is duplicate-free, an ingester chunk may not be). Tags
     are read dictionary-encoded (as Parquet stores them) with one dictionary across the group, so the merge
     compares integers and never materializes tag strings it does not emit."""
     tables = []
     orders = []
+    parts = []
     lo, hi = bounds
     filters: list[tuple[str, str, int]] = []
     if lo is not None:
@@ -60,13 +62,14 @@ def read_group(files: Sequence[Sequence[Any]], columns: Sequence[str], types: Ma
             else:
                 arrays.append(pa.nulls(table.num_rows, arrow_type))
         tables.append(pa.Table.from_arrays(arrays, names=list(columns)))
+        parts.append(Part(table.num_rows, duplicate_free=not ingester))
         base = np.int64(order) << np.int64(ORDER_SHIFT)
         if ingester:
             orders.append(base + table[WRITE_SEQ].to_numpy().astype(np.int64))
         else:
             orders.append(np.full(table.num_rows, base, dtype=np.int64))
     table = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
-    return table, np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
+    return table, np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64), parts
 
 
 def merge_groups(batches: Iterator[pa.RecordBatch], specs: Sequence[str], schema: Sequence[str],
@@ -82,8 +85,9 @@ def merge_groups(batches: Iterator[pa.RecordBatch], specs: Sequence[str], schema
     for batch in batches:
         for group in batch.column("id").to_pylist():
             spec = json.loads(specs[group])
-            table, order = read_group(spec["files"], stored, types, spec["bounds"])
-            merged, merged_order = deduplicate_table(table, present_keys, order)
+            table, order, parts = read_group(spec["files"], stored, types, spec["bounds"])
+            # Rows of series no other file holds pass unmerged (and unsorted: nothing above relies on order).
+            merged, merged_order = deduplicate_parts(table, present_keys, order, parts, TIME)
             columns: dict[str, Any] = {}
             for name in emit:
                 if name == CHUNK_ORDER:

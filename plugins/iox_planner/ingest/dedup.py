@@ -3,10 +3,15 @@
 One row per primary key (tags + time; a NULL tag equals a NULL tag); every other column takes its last non-null
 value in write order, given as one int64 per row (`(chunk order << 32) | write position`). Tags are dictionary
 encoded to integers first, so grouping is one `lexsort` over integer arrays instead of hashing strings.
+
+`deduplicate_parts` gives the same rows without merging those that cannot have a duplicate: in a group of Parquet
+files that do not overlap in time plus a few late ones (a backfill of a few series over a day), the rows of the
+series the late files do not touch pass through as they are.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -135,3 +140,70 @@ def deduplicate_table(table: pa.Table, keys: Sequence[str], order: np.ndarray) -
         columns[name] = pc.if_else(pa.array(found), taken, pa.scalar(None, type=column.type))
     merged = pa.table(columns)
     return merged, np.asarray(order, dtype=np.int64)[idx][ends]
+
+
+@dataclass(frozen=True)
+class Part:
+    """`rows` consecutive rows of a table that came from one chunk; `duplicate_free` when no two of them share a
+    primary key (a Parquet file: persist, compaction and `register_as` write deduplicated files)."""
+
+    rows: int
+    duplicate_free: bool
+
+
+def _in_rows_of(column: pa.ChunkedArray | pa.Array, rows: np.ndarray) -> np.ndarray:
+    """Per row: does its value (NULL equal to NULL) occur among `rows` (a mask) of the column?"""
+    array = _one_index_per_value(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column)
+    if pa.types.is_dictionary(array.type):
+        size = len(array.dictionary)
+        indices = np.asarray(array.indices.fill_null(size).to_numpy(zero_copy_only=False), dtype=np.int64)
+        present = np.zeros(size + 1, dtype=bool)
+        present[indices[rows]] = True
+        return present[indices]
+    values = pc.unique(array.filter(pa.array(rows)))
+    return np.asarray(pc.is_in(array, value_set=values, skip_nulls=False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def deduplicate_parts(table: pa.Table, keys: Sequence[str], order: np.ndarray, parts: Sequence[Part],
+                      time: str) -> tuple[pa.Table, np.ndarray]:
+    """The rows of `deduplicate_table(table, keys, order)`, NOT sorted, merging only rows that may have a
+    duplicate. `parts` cut `table` into its chunks, in row order; `time` is the time key.
+
+    Base parts: duplicate-free parts whose time ranges (of the rows given) overlap no other base part, chosen
+    largest first. Two rows of base parts never share a key (different times, or one duplicate-free part). A row
+    of a base part whose value of some other key column occurs in none of the other parts' rows therefore shares
+    its key with no row at all: it is its own merged row and passes through untouched. Every other row (all rows
+    of the other parts, and base rows whose every key value occurs there) is merged as `deduplicate_table`
+    merges it; both sides hold all rows of each of their keys, so together they are exactly its rows."""
+    n = table.num_rows
+    if sum(p.rows for p in parts) != n:
+        raise ValueError("parts do not cover the table")
+    if n == 0 or len(parts) < 2 or time not in keys or len(keys) < 2:
+        return deduplicate_table(table, keys, order)
+    times = np.asarray(table[time].to_numpy(), dtype=np.int64)  # a key: never NULL
+    starts = np.concatenate([[0], np.cumsum([p.rows for p in parts])]).astype(np.int64)
+    base: list[tuple[int, int]] = []
+    in_base = np.zeros(n, dtype=bool)
+    for i in sorted(range(len(parts)), key=lambda j: -parts[j].rows):
+        if not parts[i].duplicate_free or parts[i].rows == 0:
+            continue
+        span = times[starts[i]:starts[i + 1]]
+        low, high = int(span.min()), int(span.max())
+        if all(high < b_low or low > b_high for b_low, b_high in base):
+            base.append((low, high))
+            in_base[starts[i]:starts[i + 1]] = True
+    if in_base.all():
+        return table, np.asarray(order, dtype=np.int64)  # no two rows share a key: nothing to merge
+    others = ~in_base
+    touched = in_base.copy()
+    for key in keys:
+        if key != time and touched.any():
+            touched &= _in_rows_of(table[key], others)
+    merge = others | touched
+    if merge.all():
+        return deduplicate_table(table, keys, order)
+    order = np.asarray(order, dtype=np.int64)
+    merged, merged_order = deduplicate_table(table.filter(pa.array(merge)), keys, order[merge])
+    keep = ~merge
+    passed = table.filter(pa.array(keep))
+    return pa.concat_tables([passed, merged]), np.concatenate([order[keep], merged_order])
