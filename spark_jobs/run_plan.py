@@ -31,16 +31,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_job(plan_file: str, app: str, work: Callable[[Any, Any], int], metrics: str | None) -> int:
     """What every iox-batch spark-submit job does around its work: load the plan, start the session, turn
-    Spark's errors into one paragraph, write `{"rows": N}` to `metrics`. Returns the exit status."""
-    from iox_planner.errors import IoxError
+    Spark's errors into one paragraph, write `{"rows": N}` to `metrics`. Returns the exit status (through
+    `errors.exit_status`, so the message is clipped like every other job's)."""
+    from spark_jobs.errors import exit_status
 
-    try:
-        from iox_planner.planner.serde import plan_from_json
-
+    def job() -> int:
         from spark_jobs.errors import spark_errors
         from spark_jobs.session import build_session
 
-        plan = plan_from_json(Path(plan_file).read_text())
+        plan = load_plan(plan_file)
         spark = build_session(app=app)
         with spark_errors(plan):
             rows = work(spark, plan)
@@ -48,9 +47,23 @@ def run_job(plan_file: str, app: str, work: Callable[[Any, Any], int], metrics: 
             Path(metrics).write_text(json.dumps({"rows": rows}))
         spark.stop()
         return 0
-    except IoxError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+
+    return exit_status(job)
+
+
+def load_plan(plan_file: str) -> Any:
+    """The plan a job runs, or a BadInputError naming the file: a missing, unreadable or foreign plan file is the
+    job's input being wrong, not a reason for a traceback."""
+    from iox_planner.errors import BadInputError, IoxError
+    from iox_planner.planner.serde import plan_from_json
+
+    try:
+        return plan_from_json(Path(plan_file).read_text())
+    except IoxError as err:  # read, but not a valid plan
+        raise BadInputError(f"--plan {plan_file!r} is not a plan iox-batch wrote: {err}") from None
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
+        raise BadInputError(f"--plan {plan_file!r} is not a plan iox-batch wrote ({type(err).__name__}: {err})"
+                            ) from None
 
 
 def run(plan: Any, spark: Any, args: argparse.Namespace) -> int:
