@@ -58,6 +58,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_lineprotocol.py
 	$(BIN)/python benchmarks/bench_ingest.py
 	$(BIN)/python benchmarks/bench_wide_overlap.py
+	$(BIN)/python benchmarks/bench_wide_designs.py
 	$(BIN)/python benchmarks/bench_staleness.py
 
 # Regenerate the lock from requirements.in (needs the registry).
