@@ -73,12 +73,15 @@ class Staged:
             path.unlink(missing_ok=True)
 
     @contextlib.contextmanager
-    def transaction(self, catalog: Catalog) -> Iterator[Connection]:
+    def transaction(self, catalog: Catalog, conn: Connection | None = None) -> Iterator[Connection]:
         """`catalog.engine.begin()` that removes the staged files when the transaction rolls back. An error from
         the COMMIT itself leaves them: the connection may have dropped after Postgres committed, and a file a
         committed row names must never go. If it did not commit, they are files no row names, which persist's
-        grace-period sweep (`persist.sweep_unreferenced`) removes."""
-        with catalog.engine.connect() as conn:
+        grace-period sweep (`persist.sweep_unreferenced`) removes. `conn`: run the transaction on this
+        connection (one that holds a session lock the transaction relies on) instead of a fresh one."""
+        with contextlib.ExitStack() as stack:
+            if conn is None:
+                conn = stack.enter_context(catalog.engine.connect())
             trans = conn.begin()
             try:
                 yield conn
