@@ -93,3 +93,52 @@ def test_a_write_imports_neither_pandas_nor_the_planner(catalog: Catalog, db: st
     assert out.returncode == 0, out.stderr
     assert "5000 rows in 1 chunk(s)" in out.stdout
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("parser", ["vectorized", "mixed"])
+def test_every_chunk_of_a_partition_is_full_but_its_last(catalog: Catalog, db: str, warehouse: Path,
+                                                         parser: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three tables over two days, interleaved at random and read in small blocks, with a chunk size that no
+    block or piece size divides: each (table, day) gets ceil(rows / chunk_rows) chunks, all full but the newest,
+    and its rows read back in line order. Six (table, day)s at once hold more rows than a chunk, so some wait in
+    the spill file meanwhile. `mixed`: every 40th line has an escaped space, so its block goes to the exact
+    parser and pieces of both paths meet in one chunk."""
+    import math
+    import random
+
+    from iox_planner.ingest import write
+
+    spills: list[int] = []
+    real_spill = write._Pending.spill
+
+    def counted(self: write._Pending) -> None:
+        spills.append(self.rows)
+        real_spill(self)
+
+    monkeypatch.setattr(write._Pending, "spill", counted)
+    rng = random.Random(11)
+    limit = 29
+    expected: dict[tuple[str, str], list[int]] = {}
+    lines = []
+    for k in range(1200):
+        table, day = rng.choice(["cpu", "mem", "disk"]), rng.randrange(2)
+        host = "h\\ 1" if parser == "mixed" and k % 40 == 0 else f"h{k % 5}"
+        lines.append(f"{table},host={host} v={k}i {T0 + day * 86_400_000_000_000 + k}")
+        expected.setdefault((table, f"2024-01-0{day + 1}"), []).append(k)
+    data = ("\n".join(lines) + "\n").encode()
+    result = write_line_blocks(catalog, db, line_blocks(io.BytesIO(data), "in", block_bytes=1024), chunk_rows=limit)
+    assert result.rows == 1200
+    assert any(spills), "nothing was spilled: the memory bound was not exercised"
+    chunks = live_chunks(catalog, db)
+    assert {(c["table_name"], c["partition_key"]) for c in chunks} == set(expected)
+    for key, values in expected.items():
+        mine = sorted((c for c in chunks if (c["table_name"], c["partition_key"]) == key),
+                      key=lambda c: c["chunk_order"])
+        assert len(mine) == math.ceil(len(values) / limit), key
+        assert [c["row_count"] for c in mine[:-1]] == [limit] * (len(mine) - 1), key
+        seen = []
+        for chunk in mine:
+            rows = read_rows(warehouse / chunk["path"])
+            assert [r["__seq"] for r in rows] == list(range(len(rows)))
+            seen.extend(r["v"] for r in rows)
+        assert seen == values, key
