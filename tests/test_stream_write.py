@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,6 +131,14 @@ def test_every_chunk_of_a_partition_is_full_but_its_last(catalog: Catalog, db: s
         real_spill(self)
 
     monkeypatch.setattr(write._Pending, "spill", counted)
+    opened: list[object] = []
+    real_temporary = write.tempfile.TemporaryFile
+
+    def temporary(*args: Any, **kwargs: Any) -> Any:
+        opened.append(kwargs.get("dir"))
+        return real_temporary(*args, **kwargs)
+
+    monkeypatch.setattr(write.tempfile, "TemporaryFile", temporary)
     rng = random.Random(11)
     limit = 29
     expected: dict[tuple[str, str], list[int]] = {}
@@ -143,6 +152,7 @@ def test_every_chunk_of_a_partition_is_full_but_its_last(catalog: Catalog, db: s
     result = write_line_blocks(catalog, db, line_blocks(io.BytesIO(data), "in", block_bytes=1024), chunk_rows=limit)
     assert result.rows == 1200
     assert any(spills), "nothing was spilled: the memory bound was not exercised"
+    assert opened == [warehouse], "one spill file per write, in the warehouse, whatever the tables and days"
     chunks = live_chunks(catalog, db)
     assert {(c["table_name"], c["partition_key"]) for c in chunks} == set(expected)
     for key, values in expected.items():

@@ -374,15 +374,55 @@ def parse_blocks(blocks: Iterable[Block], parser: StreamParser,
         yield pieces if pieces is not None else parser.feed(block.lines(), final=block.final)
 
 
+class _SpillFile:
+    """One write's spill file: rows waiting for their chunk while many tables or days arrive at once, as Arrow IPC
+    streams (uncompressed: a write and a read of page cache), each read back once. One file for all of them (not
+    one per (table, day): a write over a thousand days must not hold a thousand files open), with no name, so a
+    killed write leaves nothing behind; emptied whenever nothing in it waits any more."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._file: IO[bytes] | None = None
+        self._waiting = 0
+
+    def put(self, table: pa.Table) -> tuple[int, int]:
+        """Store `table`; returns its (offset, length)."""
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        if self._file is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._file = tempfile.TemporaryFile(dir=self.folder)
+        offset = self._file.seek(0, os.SEEK_END)
+        self._file.write(sink.getvalue())
+        self._waiting += 1
+        return offset, self._file.tell() - offset
+
+    def get(self, offset: int, length: int) -> pa.Table:
+        """The table stored at `offset` (each is read back exactly once)."""
+        assert self._file is not None
+        self._file.seek(offset)
+        table = pa.ipc.open_stream(self._file.read(length)).read_all()
+        self._waiting -= 1
+        if not self._waiting:
+            self._file.truncate(0)
+        return table
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
 class _Pending:
-    """Rows of one (table, day) not yet written, in line order: spilled pieces first (an unnamed temporary file,
+    """Rows of one (table, day) not yet written, in line order: spilled pieces first (in the write's spill file,
     when many tables or days at once would hold too many rows in memory), then Arrow pieces in memory, each with
     the columns it has. `take(limit)` hands out full chunks and keeps the rest, so the chunks of one (table, day)
     are all `limit` rows but the last."""
 
-    __slots__ = ("pieces", "rows", "first_line", "last_line", "spilled", "spilled_rows", "_spill_dir", "_file")
+    __slots__ = ("pieces", "rows", "first_line", "last_line", "spilled", "spilled_rows", "_spill")
 
-    def __init__(self, spill_dir: Path | None = None) -> None:
+    def __init__(self, spill: _SpillFile | None = None) -> None:
         self.pieces: list[tuple[dict[str, ColumnType], pa.Table]] = []
         self.rows = 0
         """Rows in memory."""
@@ -391,8 +431,7 @@ class _Pending:
         self.spilled: list[tuple[dict[str, ColumnType], int, int]] = []
         """(columns, offset, length) of each IPC stream in the spill file, in line order."""
         self.spilled_rows = 0
-        self._spill_dir = spill_dir
-        self._file: IO[bytes] | None = None
+        self._spill = spill
 
     @property
     def total(self) -> int:
@@ -406,21 +445,12 @@ class _Pending:
         self.last_line = last_line
 
     def spill(self) -> None:
-        """Move the rows in memory to the spill file (uncompressed Arrow IPC: a write and a read of page cache),
-        freeing their memory. The file has no name, so a killed write leaves nothing behind."""
+        """Move the rows in memory to the spill file, freeing their memory."""
         if not self.pieces:
             return
+        assert self._spill is not None, "a _Pending without a spill file is never spilled"
         columns, table = _unify(self.pieces)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        if self._file is None:
-            if self._spill_dir is not None:
-                self._spill_dir.mkdir(parents=True, exist_ok=True)
-            self._file = tempfile.TemporaryFile(dir=self._spill_dir)
-        offset = self._file.seek(0, os.SEEK_END)
-        self._file.write(sink.getvalue())
-        self.spilled.append((columns, offset, self._file.tell() - offset))
+        self.spilled.append((columns, *self._spill.put(table)))
         self.spilled_rows += table.num_rows
         self.pieces, self.rows = [], 0
 
@@ -431,9 +461,6 @@ class _Pending:
         columns, data = _unify(pieces)
         lines = {self.first_line, self.last_line}
         self.spilled, self.spilled_rows = [], 0
-        if self._file is not None:
-            self._file.close()
-            self._file = None
         self.pieces, self.rows = [], 0
         if limit is not None and data.num_rows > limit:
             rest = data.slice(limit)
@@ -446,9 +473,8 @@ class _Pending:
 
     def _read_spilled(self) -> Iterator[tuple[dict[str, ColumnType], pa.Table]]:
         for columns, offset, length in self.spilled:
-            assert self._file is not None
-            self._file.seek(offset)
-            yield columns, pa.ipc.open_stream(self._file.read(length)).read_all()
+            assert self._spill is not None
+            yield columns, self._spill.get(offset, length)
 
 
 def _unify(pieces: Sequence[tuple[Mapping[str, ColumnType], pa.Table]]) -> tuple[dict[str, ColumnType], pa.Table]:
@@ -469,6 +495,16 @@ def _unify(pieces: Sequence[tuple[Mapping[str, ColumnType], pa.Table]]) -> tuple
 def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
                   blocks: Iterable[Block], parser: StreamParser, accept_partial: bool, source: str,
                   limit: int) -> WriteResult:
+    spill = _SpillFile(staged.root)
+    try:
+        return _write_spilling(catalog, conn, staged, db, blocks, parser, accept_partial, source, limit, spill)
+    finally:
+        spill.close()
+
+
+def _write_spilling(catalog: Catalog, conn: Connection, staged: Staged, db: str, blocks: Iterable[Block],
+                    parser: StreamParser, accept_partial: bool, source: str, limit: int,
+                    spill: _SpillFile) -> WriteResult:
     db_id = catalog.ensure_database(conn, db)
     catalog.lock_orders(conn, db_id)
     pending: dict[tuple[str, str], _Pending] = {}
@@ -508,7 +544,7 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
             for piece in pieces:
                 good_seen += piece.table.num_rows
                 key = (piece.measurement, piece.partition)
-                entry = pending.setdefault(key, _Pending(staged.root))
+                entry = pending.setdefault(key, _Pending(spill))
                 entry.add(piece.columns, piece.table, piece.first_line, piece.last_line)
                 if entry.total >= limit:
                     flush(key)
@@ -531,7 +567,7 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
             groups[(point.measurement, partition_of(point.time))].append(point)
         for key, group in groups.items():
             columns = storage.chunk_columns(group)
-            entry = pending.setdefault(key, _Pending(staged.root))
+            entry = pending.setdefault(key, _Pending(spill))
             entry.add(columns, storage.points_to_table(group, columns), group[0].line, group[-1].line)
             if entry.total >= limit:
                 flush(key)
