@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,14 +78,28 @@ def test_a_line_over_the_limit_but_within_a_block_is_one_bad_line(catalog: Catal
     assert "IOX_LP_MAX_LINE_BYTES" in result.rejected[0].message
 
 
-def test_a_write_imports_neither_pandas_nor_the_planner(catalog: Catalog, db: str, tmp_path: Path) -> None:
-    """Start-up is most of a small write's cost: `iox-batch write` of regular lines must not import pandas
-    (pyarrow's converters do, on first use: `ingest/arrow_np.py` avoids them) nor the SQL planner (sqlglot)."""
+@pytest.mark.parametrize("lines", ["regular", "exact"])
+def test_a_write_imports_neither_pandas_nor_the_planner(catalog: Catalog, db: str, tmp_path: Path,
+                                                        lines: str) -> None:
+    """Start-up is most of a small write's cost: `iox-batch write` must not import pandas (pyarrow's converters
+    do, on first use: `ingest/arrow_np.py` avoids them) nor the SQL planner (sqlglot). `exact`: every block holds
+    a line the vectorized path leaves to the exact parser (an escaped space in a tag, a quoted string with a
+    space), whose points become Arrow columns another way; with every field type, and nulls."""
     import subprocess
     import sys
 
     path = tmp_path / "in.lp"
-    path.write_text("".join(f"cpu,host=h{k % 7},dc=d{k % 3} a={k}.5,b={k % 11} {T0 + k}\n" for k in range(5000)))
+    if lines == "regular":
+        path.write_text("".join(f"cpu,host=h{k % 7},dc=d{k % 3} a={k}.5,b={k % 11} {T0 + k}\n" for k in range(5000)))
+    else:
+        path.write_text("".join(f"cpu,host=h\\ {k % 7} a={k}.5,i={k}i,u={k}u,ok={k % 2 == 0},s=\"x {k}\" {T0 + k}\n"
+                                f"cpu,host=h{k % 3} a={k}.25 {T0 + k}\n" for k in range(2500)))
+        from iox_planner.ingest.lineprotocol import Point, Precision, StreamParser
+        from iox_planner.ingest.write import parse_blocks
+
+        with open(path, "rb") as f:
+            parsed = list(parse_blocks(line_blocks(f, "in"), StreamParser(precision=Precision.NS, default_time=0)))
+        assert parsed and all(isinstance(p[0], Point) for p in parsed if p), "the exact parser was not used"
     script = ("import sys; from iox_planner.cli.main import main; code = main(sys.argv[1:]); "
               "print([m for m in ('pandas', 'sqlglot', 'iox_planner.planner') if m in sys.modules]); "
               "sys.exit(code)")
@@ -93,3 +108,83 @@ def test_a_write_imports_neither_pandas_nor_the_planner(catalog: Catalog, db: st
     assert out.returncode == 0, out.stderr
     assert "5000 rows in 1 chunk(s)" in out.stdout
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("parser", ["vectorized", "mixed"])
+def test_every_chunk_of_a_partition_is_full_but_its_last(catalog: Catalog, db: str, warehouse: Path,
+                                                         parser: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three tables over two days, interleaved at random and read in small blocks, with a chunk size that no
+    block or piece size divides: each (table, day) gets ceil(rows / chunk_rows) chunks, all full but the newest,
+    and its rows read back in line order. Six (table, day)s at once hold more rows than a chunk, so some wait in
+    the spill file meanwhile. `mixed`: every 40th line has an escaped space, so its block goes to the exact
+    parser and pieces of both paths meet in one chunk."""
+    import math
+    import random
+
+    from iox_planner.ingest import write
+
+    spills: list[int] = []
+    real_spill = write._Pending.spill
+
+    def counted(self: write._Pending) -> None:
+        spills.append(self.rows)
+        real_spill(self)
+
+    monkeypatch.setattr(write._Pending, "spill", counted)
+    opened: list[object] = []
+    real_temporary = write.tempfile.TemporaryFile
+
+    def temporary(*args: Any, **kwargs: Any) -> Any:
+        opened.append(kwargs.get("dir"))
+        return real_temporary(*args, **kwargs)
+
+    monkeypatch.setattr(write.tempfile, "TemporaryFile", temporary)
+    rng = random.Random(11)
+    limit = 29
+    expected: dict[tuple[str, str], list[int]] = {}
+    lines = []
+    for k in range(1200):
+        table, day = rng.choice(["cpu", "mem", "disk"]), rng.randrange(2)
+        host = "h\\ 1" if parser == "mixed" and k % 40 == 0 else f"h{k % 5}"
+        lines.append(f"{table},host={host} v={k}i {T0 + day * 86_400_000_000_000 + k}")
+        expected.setdefault((table, f"2024-01-0{day + 1}"), []).append(k)
+    data = ("\n".join(lines) + "\n").encode()
+    result = write_line_blocks(catalog, db, line_blocks(io.BytesIO(data), "in", block_bytes=1024), chunk_rows=limit)
+    assert result.rows == 1200
+    assert any(spills), "nothing was spilled: the memory bound was not exercised"
+    assert opened == [warehouse], "one spill file per write, in the warehouse, whatever the tables and days"
+    chunks = live_chunks(catalog, db)
+    assert {(c["table_name"], c["partition_key"]) for c in chunks} == set(expected)
+    for key, values in expected.items():
+        mine = sorted((c for c in chunks if (c["table_name"], c["partition_key"]) == key),
+                      key=lambda c: c["chunk_order"])
+        assert len(mine) == math.ceil(len(values) / limit), key
+        assert [c["row_count"] for c in mine[:-1]] == [limit] * (len(mine) - 1), key
+        seen = []
+        for chunk in mine:
+            rows = read_rows(warehouse / chunk["path"])
+            assert [r["__seq"] for r in rows] == list(range(len(rows)))
+            seen.extend(r["v"] for r in rows)
+        assert seen == values, key
+
+
+def test_arrow_columns_from_python_values_match_pyarrows_own() -> None:
+    """`arrow_np.column` (the exact parser's points to Arrow, without pandas) against `pa.array`, the reference:
+    every line protocol type, nulls anywhere, extremes, non-ASCII text, and the empty column."""
+    import pyarrow as pa
+
+    from iox_planner.ingest.arrow_np import column
+
+    cases: list[tuple[pa.DataType, list[object]]] = [
+        (pa.int64(), [1, None, -(2**63), 2**63 - 1, 0]),
+        (pa.uint64(), [None, 0, 2**64 - 1, 7]),
+        (pa.float64(), [1.5, None, float("inf"), -0.0, 1e-300]),
+        (pa.bool_(), [True, False, None, True, False, False, True, True, False]),
+        (pa.string(), ["a", None, "", "é x", "z" * 100]),
+        (pa.int64(), []),
+        (pa.bool_(), [None, None]),
+    ]
+    for type_, values in cases:
+        got = column(values, type_)
+        got.validate(full=True)
+        assert got.equals(pa.array(values, type=type_)), (type_, values, got)

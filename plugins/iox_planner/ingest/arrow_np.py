@@ -57,3 +57,26 @@ def strings(values: Sequence[str | None]) -> pa.Array:
     return pa.Array.from_buffers(pa.large_string() if wide else pa.string(), n,
                                  [bitmap, pa.py_buffer(offsets if wide else offsets.astype(np.int32)),
                                   pa.py_buffer(data)])
+
+
+def _validity(values: Sequence[object]) -> pa.Buffer | None:
+    if None not in values:
+        return None
+    valid = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    return pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def column(values: Sequence[Any], type: pa.DataType) -> pa.Array:
+    """Python values (None for null) as an Arrow array of `type`: int64, uint64, float64, bool or string, the
+    types of line protocol's columns. What `pa.array(values, type)` gives, without its pandas check."""
+    n = len(values)
+    if type == pa.string():
+        return strings(values)
+    if type == pa.bool_():
+        bits = np.fromiter((v is True for v in values), dtype=bool, count=n)
+        return pa.Array.from_buffers(pa.bool_(), n, [_validity(values),
+                                                     pa.py_buffer(np.packbits(bits, bitorder="little"))])
+    dtype = _DTYPES[type]
+    zero = dtype.type(0)
+    data = np.fromiter((zero if v is None else v for v in values), dtype=dtype, count=n)
+    return pa.Array.from_buffers(type, n, [_validity(values), pa.py_buffer(data)])

@@ -20,7 +20,10 @@ catalog transaction, with the plain write's result or error.
   takes the same way when a line is bad.
 - A load in flight holds a Postgres advisory lock on its id. `sweep_bulk_loads` (called by persist's
   `sweep_unreferenced`) removes the staging folder of a load whose lock is free (its driver died) once older than
-  the grace period, and the files its manifest says were moved but that no catalog row names.
+  the grace period, and the files its manifest says were moved but that no catalog row names. The registration
+  runs on the lock's own session and first re-checks that the session still holds the lock (as compaction's swap
+  does): had the session died during the tasks, a sweep may have removed the staged chunks, so the load fails
+  then with a retryable error and registers nothing; checked in the transaction, it holds until the COMMIT.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from iox_planner.catalog.schema import ingester_chunks, parquet_files
 from iox_planner.catalog.store import Catalog
 from iox_planner.config import env_int
 from iox_planner.config import warehouse as default_warehouse
-from iox_planner.errors import BadInputError
+from iox_planner.errors import BadInputError, CatalogUnavailableError
 from iox_planner.faults import kill_point
 from iox_planner.ingest import files as storage
 from iox_planner.ingest import write as plain
@@ -329,16 +332,37 @@ class _PlainWay(Exception):
     """The parallel result cannot stand: redo the load as plain writes."""
 
 
+@dataclass(frozen=True)
+class _Lock:
+    """The load's advisory lock as held: the connection whose session holds it and that session's backend."""
+
+    conn: sa.Connection
+    session: int
+    key: int
+
+    def still_held(self, catalog: Catalog) -> bool:
+        """Whether the lock's session is still the one serving `conn` and still holds the lock (a dropped
+        connection that reconnected has another session, without it). Postgres shows a two-int4 advisory key as
+        `classid`, `objid` (the int4's bits as an oid) with `objsubid` 2."""
+        if catalog.backend_pid(self.conn) != self.session:
+            return False
+        return self.conn.execute(sa.text(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND pid = pg_backend_pid() AND classid::bigint = :hi AND objid::bigint = :lo AND objsubid = 2)"
+        ).bindparams(hi=BULK_LOCK, lo=self.key & 0xFFFF_FFFF)).scalar_one() is True
+
+
 @contextlib.contextmanager
-def _load_lock(catalog: Catalog, load_id: str) -> Iterator[None]:
+def _load_lock(catalog: Catalog, load_id: str) -> Iterator[_Lock]:
     """Hold the load's advisory lock (a session lock on a connection of its own) while the load runs: a sweep
     that can take it knows the load's driver is gone."""
     key = _lock_key(load_id)
     with catalog.engine.connect() as conn:
         conn.execute(sa.select(sa.func.pg_advisory_lock(BULK_LOCK, key)))
+        session = catalog.backend_pid(conn)
         conn.commit()
         try:
-            yield
+            yield _Lock(conn, session, key)
         finally:
             with contextlib.suppress(Exception):
                 conn.execute(sa.select(sa.func.pg_advisory_unlock(BULK_LOCK, key)))
@@ -377,7 +401,7 @@ def bulk_write(
     progress(f"bulk load into {db}: {len(paths)} file(s), {total:,} bytes, {len(ranges)} range(s)")
     load_id = uuid.uuid4().hex
     staging = root / STAGING / load_id
-    with _load_lock(catalog, load_id):
+    with _load_lock(catalog, load_id) as lock:
         try:
             for _ in range(3):  # another load may remove an empty `_bulk` between the two mkdirs
                 with contextlib.suppress(FileNotFoundError):
@@ -393,7 +417,7 @@ def bulk_write(
                          f"{time.monotonic() - started:.1f} s ({sum(x.cpu_seconds for x in results):.1f} task "
                          "CPU-seconds)")
                 try:
-                    return _register(catalog, db, results, staging, root, progress)
+                    return _register(catalog, lock, db, results, staging, root, progress)
                 except _PlainWay as why:
                     problem = str(why)
         finally:
@@ -422,12 +446,27 @@ def _why_plain(results: Sequence[RangeResult], files: int) -> str | None:
     return None
 
 
-def _register(catalog: Catalog, db: str, results: Sequence[RangeResult], staging: Path, root: Path,
+_LOST = ("the catalog session holding the bulk load's lock was lost while its tasks ran, so a sweep may have "
+         "removed its staged chunks; nothing was registered. Run the load again")
+
+
+def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeResult], staging: Path, root: Path,
               progress: Callable[[str], None]) -> plain.WriteResult:
+    """Register the staged chunks in one transaction on the lock's own session, once it is known to still hold
+    the lock: a session that dies before the COMMIT commits nothing, so the check holds until then."""
     chunks = [c for x in results for c in x.chunks]
     staged = plain.Staged(root)
     written: list[plain.WrittenChunk] = []
-    with staged.transaction(catalog) as conn:
+    with staged.transaction(catalog, lock.conn) as conn:
+        # First thing in the transaction: from here on the session's death voids the COMMIT.
+        try:
+            held = lock.still_held(catalog)
+        except sa.exc.DBAPIError as err:
+            if not err.connection_invalidated:
+                raise
+            held = False
+        if not held:
+            raise CatalogUnavailableError(_LOST)
         db_id = catalog.ensure_database(conn, db)
         catalog.lock_orders(conn, db_id)
         known = catalog.table_ids(conn, db_id)

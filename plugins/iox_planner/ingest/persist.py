@@ -161,15 +161,16 @@ def collect_garbage(catalog: Catalog, root: Path, grace_seconds: float) -> int:
 # the two leaves a file no row names, and one killed inside `write_parquet_atomic` leaves its hidden temporary.
 # Nothing else ever deletes those: this sweep does, for one database, once they are older than the grace period
 # (a file younger than that may belong to a write still in flight). Only names iox-batch itself gives chunk
-# files, in the `<db id>/<table id>/<partition id>/` folders of this catalog's own ids, are candidates.
+# files, in `<db id>/<table id>/<partition id>/` folders (ids: digits only), are candidates.
 _CHUNK_FILE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.parquet")
 _CHUNK_TEMP = re.compile(r"\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.parquet\.[0-9a-f]{32}\.tmp")
 
 
 def sweep_unreferenced(catalog: Catalog, root: Path, db_id: int, grace_seconds: float) -> list[str]:
     """Delete database `db_id`'s chunk files (and chunk temporaries) that no catalog row names, live or retired,
-    once older than `grace_seconds`, unless a write into the database is in flight. Returns their
-    warehouse-relative paths. Dead bulk loads' staging folders (`_bulk/<load id>`, any database's: a load into a
+    once older than `grace_seconds`, unless a write into the database is in flight; then its table and partition
+    folders left empty, if they were older than `grace_seconds` too. Returns the deleted files' warehouse-relative
+    paths. Dead bulk loads' staging folders (`_bulk/<load id>`, any database's: a load into a
     new database has no database id yet) go too, with the files they moved but never registered (`bulk.py`)."""
     from iox_planner.ingest.bulk import STAGING, sweep_bulk_loads
 
@@ -191,26 +192,25 @@ def _sweep_unreferenced(catalog: Catalog, root: Path, db_id: int, grace_seconds:
     import time
 
     with catalog.engine.connect() as conn:
-        table_ids = {str(t) for t in catalog.table_ids(conn, db_id).values()}
         known: set[str] = set()
-        partition_ids: dict[str, set[str]] = defaultdict(set)
         for ct in (parquet_files, ingester_chunks):
             rows = conn.execute(sa.select(ct.c.path).join(tables, ct.c.table_id == tables.c.id)
                                 .where(tables.c.database_id == db_id))
             known.update(r.path for r in rows)
-        rows = conn.execute(sa.select(partitions.c.id, partitions.c.table_id)
-                            .join(tables, partitions.c.table_id == tables.c.id)
-                            .where(tables.c.database_id == db_id))
-        for r in rows:
-            partition_ids[str(r.table_id)].add(str(r.id))
     cutoff = time.time() - grace_seconds
     removed = []
+    # Every `<table id>/<partition id>/` folder, the catalog's or not: a write killed after creating its table or
+    # partition leaves folders of ids its rolled-back transaction never committed (ids are never reused), and only
+    # a sweep that visits them removes their files. No row can name a file there, and no write into the database
+    # is in flight (the caller holds its order row), so what is old enough is a dead command's.
     for table_dir in folder.iterdir():
-        if table_dir.name not in table_ids or table_dir.is_symlink() or not table_dir.is_dir():
+        if not _ID.fullmatch(table_dir.name) or table_dir.is_symlink() or not table_dir.is_dir():
             continue
+        table_old = _older_than(table_dir, cutoff)
         for part_dir in table_dir.iterdir():
-            if part_dir.name not in partition_ids[table_dir.name] or part_dir.is_symlink() or not part_dir.is_dir():
+            if not _ID.fullmatch(part_dir.name) or part_dir.is_symlink() or not part_dir.is_dir():
                 continue
+            part_old = _older_than(part_dir, cutoff)  # before this sweep's own unlinks touch it
             for entry in part_dir.iterdir():
                 rel = f"{db_id}/{table_dir.name}/{part_dir.name}/{entry.name}"
                 if not (_CHUNK_FILE.fullmatch(entry.name) or _CHUNK_TEMP.fullmatch(entry.name)) or rel in known:
@@ -226,7 +226,32 @@ def _sweep_unreferenced(catalog: Catalog, root: Path, db_id: int, grace_seconds:
                     continue
                 entry.unlink(missing_ok=True)
                 removed.append(rel)
+            if part_old:
+                _remove_if_empty(part_dir)
+        if table_old:
+            _remove_if_empty(table_dir)
     return removed
+
+
+_ID = re.compile(r"[0-9]+")
+
+
+def _older_than(path: Path, cutoff: float) -> bool:
+    """Whether `path` was last changed (an entry added or removed) before `cutoff`: a folder a writer has just
+    created, or just put a file in, is young."""
+    try:
+        return path.lstat().st_mtime <= cutoff
+    except FileNotFoundError:
+        return False
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """rmdir: it removes only an empty folder, atomically, so a file put in meanwhile keeps it (never a recursive
+    delete)."""
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (or gone already)
+        pass
 
 
 def _referenced(catalog: Catalog, rel: str) -> bool:

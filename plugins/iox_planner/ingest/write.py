@@ -5,11 +5,13 @@ failed command leaves catalog and warehouse as they were."""
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, Sequence, cast
+from typing import IO, Callable, Iterable, Iterator, Mapping, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -73,12 +75,15 @@ class Staged:
             path.unlink(missing_ok=True)
 
     @contextlib.contextmanager
-    def transaction(self, catalog: Catalog) -> Iterator[Connection]:
+    def transaction(self, catalog: Catalog, conn: Connection | None = None) -> Iterator[Connection]:
         """`catalog.engine.begin()` that removes the staged files when the transaction rolls back. An error from
         the COMMIT itself leaves them: the connection may have dropped after Postgres committed, and a file a
         committed row names must never go. If it did not commit, they are files no row names, which persist's
-        grace-period sweep (`persist.sweep_unreferenced`) removes."""
-        with catalog.engine.connect() as conn:
+        grace-period sweep (`persist.sweep_unreferenced`) removes. `conn`: run the transaction on this
+        connection (one that holds a session lock the transaction relies on) instead of a fresh one."""
+        with contextlib.ExitStack() as stack:
+            if conn is None:
+                conn = stack.enter_context(catalog.engine.connect())
             trans = conn.begin()
             try:
                 yield conn
@@ -305,8 +310,6 @@ def _as_persisted(
 def write_chunk_rows(env: Mapping[str, str] | None = None) -> int:
     """`IOX_WRITE_CHUNK_ROWS`: the most rows one ingester chunk of a write holds (a larger write of one table and
     day becomes several chunks, newest last); it bounds what a write keeps in memory."""
-    import os
-
     text = (os.environ if env is None else env).get("IOX_WRITE_CHUNK_ROWS", "")
     if not text:
         return DEFAULT_CHUNK_ROWS
@@ -371,46 +374,137 @@ def parse_blocks(blocks: Iterable[Block], parser: StreamParser,
         yield pieces if pieces is not None else parser.feed(block.lines(), final=block.final)
 
 
+class _SpillFile:
+    """One write's spill file: rows waiting for their chunk while many tables or days arrive at once, as Arrow IPC
+    streams (uncompressed: a write and a read of page cache), each read back once. One file for all of them (not
+    one per (table, day): a write over a thousand days must not hold a thousand files open), with no name, so a
+    killed write leaves nothing behind; emptied whenever nothing in it waits any more."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._file: IO[bytes] | None = None
+        self._waiting = 0
+
+    def put(self, table: pa.Table) -> tuple[int, int]:
+        """Store `table`; returns its (offset, length)."""
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        if self._file is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._file = tempfile.TemporaryFile(dir=self.folder)
+        offset = self._file.seek(0, os.SEEK_END)
+        self._file.write(sink.getvalue())
+        self._waiting += 1
+        return offset, self._file.tell() - offset
+
+    def get(self, offset: int, length: int) -> pa.Table:
+        """The table stored at `offset` (each is read back exactly once)."""
+        assert self._file is not None
+        self._file.seek(offset)
+        table = pa.ipc.open_stream(self._file.read(length)).read_all()
+        self._waiting -= 1
+        if not self._waiting:
+            self._file.truncate(0)
+        return table
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
 class _Pending:
-    """Rows of one (table, day) not yet written: Arrow pieces with the columns each has, and their lines."""
+    """Rows of one (table, day) not yet written, in line order: spilled pieces first (in the write's spill file,
+    when many tables or days at once would hold too many rows in memory), then Arrow pieces in memory, each with
+    the columns it has. `take(limit)` hands out full chunks and keeps the rest, so the chunks of one (table, day)
+    are all `limit` rows but the last."""
 
-    __slots__ = ("pieces", "rows", "first_line", "last_line")
+    __slots__ = ("pieces", "rows", "first_line", "last_line", "spilled", "spilled_rows", "_spill")
 
-    def __init__(self) -> None:
+    def __init__(self, spill: _SpillFile | None = None) -> None:
         self.pieces: list[tuple[dict[str, ColumnType], pa.Table]] = []
         self.rows = 0
+        """Rows in memory."""
         self.first_line = 0
         self.last_line = 0
+        self.spilled: list[tuple[dict[str, ColumnType], int, int]] = []
+        """(columns, offset, length) of each IPC stream in the spill file, in line order."""
+        self.spilled_rows = 0
+        self._spill = spill
+
+    @property
+    def total(self) -> int:
+        return self.rows + self.spilled_rows
 
     def add(self, columns: dict[str, ColumnType], table: pa.Table, first_line: int, last_line: int) -> None:
-        if not self.pieces:
+        if not self.pieces and not self.spilled:
             self.first_line = first_line
         self.pieces.append((columns, table))
         self.rows += table.num_rows
         self.last_line = last_line
 
-    def take(self) -> tuple[dict[str, ColumnType], pa.Table, set[int]]:
-        """Everything pending as one table in `arrow_schema` layout, `__seq` renumbered from 0."""
-        columns: dict[str, ColumnType] = {}
-        for cols, _ in self.pieces:
-            columns.update(cols)
-        schema = storage.arrow_schema(columns, with_seq=True)
-        tables = []
-        for _, table in self.pieces:
-            arrays = [table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
-                      for f in schema]
-            tables.append(pa.Table.from_arrays(arrays, schema=schema))
-        data = pa.concat_tables(tables)  # chunked: no second copy of the rows
-        data = data.set_column(len(schema) - 1, schema.field(WRITE_SEQ),
-                               from_numpy(np.arange(data.num_rows, dtype=np.int64)))
-        lines = {self.first_line, self.last_line}
+    def spill(self) -> None:
+        """Move the rows in memory to the spill file, freeing their memory."""
+        if not self.pieces:
+            return
+        assert self._spill is not None, "a _Pending without a spill file is never spilled"
+        columns, table = _unify(self.pieces)
+        self.spilled.append((columns, *self._spill.put(table)))
+        self.spilled_rows += table.num_rows
         self.pieces, self.rows = [], 0
+
+    def take(self, limit: int | None = None) -> tuple[dict[str, ColumnType], pa.Table, set[int]]:
+        """The first `limit` rows (all if None) as one table in `arrow_schema` layout, `__seq` renumbered from 0;
+        the rest stays pending, in memory (it always lies past the spilled rows, which are fewer than a chunk)."""
+        pieces = list(self._read_spilled()) + self.pieces
+        columns, data = _unify(pieces)
+        lines = {self.first_line, self.last_line}
+        self.spilled, self.spilled_rows = [], 0
+        self.pieces, self.rows = [], 0
+        if limit is not None and data.num_rows > limit:
+            rest = data.slice(limit)
+            data = data.slice(0, limit)
+            self.pieces, self.rows = [(columns, rest)], rest.num_rows
+            self.first_line = self.last_line  # approximate: only error messages name these lines
+        data = data.set_column(data.num_columns - 1, data.schema.field(WRITE_SEQ),
+                               from_numpy(np.arange(data.num_rows, dtype=np.int64)))
         return columns, data, lines
+
+    def _read_spilled(self) -> Iterator[tuple[dict[str, ColumnType], pa.Table]]:
+        for columns, offset, length in self.spilled:
+            assert self._spill is not None
+            yield columns, self._spill.get(offset, length)
+
+
+def _unify(pieces: Sequence[tuple[Mapping[str, ColumnType], pa.Table]]) -> tuple[dict[str, ColumnType], pa.Table]:
+    """Pieces as one table in `arrow_schema` layout of all their columns (absent ones null), chunked: no second
+    copy of the rows."""
+    columns: dict[str, ColumnType] = {}
+    for cols, _ in pieces:
+        columns.update(cols)
+    schema = storage.arrow_schema(columns, with_seq=True)
+    tables = []
+    for _, table in pieces:
+        arrays = [table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+                  for f in schema]
+        tables.append(pa.Table.from_arrays(arrays, schema=schema))
+    return columns, pa.concat_tables(tables)
 
 
 def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
                   blocks: Iterable[Block], parser: StreamParser, accept_partial: bool, source: str,
                   limit: int) -> WriteResult:
+    spill = _SpillFile(staged.root)
+    try:
+        return _write_spilling(catalog, conn, staged, db, blocks, parser, accept_partial, source, limit, spill)
+    finally:
+        spill.close()
+
+
+def _write_spilling(catalog: Catalog, conn: Connection, staged: Staged, db: str, blocks: Iterable[Block],
+                    parser: StreamParser, accept_partial: bool, source: str, limit: int,
+                    spill: _SpillFile) -> WriteResult:
     db_id = catalog.ensure_database(conn, db)
     catalog.lock_orders(conn, db_id)
     pending: dict[tuple[str, str], _Pending] = {}
@@ -419,15 +513,19 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
     points_seen = 0
     good_seen = 0
 
-    def flush(key: tuple[str, str]) -> None:
-        columns, data, lines = pending[key].take()
-        for start in range(0, data.num_rows, limit):
-            part = data.slice(start, limit)
-            if start:
-                part = part.set_column(part.num_columns - 1, part.schema.field(WRITE_SEQ),
-                                       from_numpy(np.arange(part.num_rows, dtype=np.int64)))
-            written.append(store_chunk(catalog, conn, staged, db_id, key[0], key[1], part, columns,
+    def flush(key: tuple[str, str], final: bool = False) -> None:
+        """Write out the (table, day)'s full chunks; `final`: its last, partial one too."""
+        entry = pending[key]
+        while entry.total >= limit or (final and entry.total):
+            columns, data, lines = entry.take(limit)
+            written.append(store_chunk(catalog, conn, staged, db_id, key[0], key[1], data, columns,
                                        kind=ChunkKind.INGESTER, lines=lines))
+
+    def relieve() -> None:
+        # Many tables or days at once: bound the rows held in memory by spilling the largest's, so that each still
+        # gets full chunks.
+        while sum(p.rows for p in pending.values()) > limit:
+            pending[max(pending, key=lambda k: pending[k].rows)].spill()
 
     known: dict[str, Mapping[str, ColumnType]] = {}
 
@@ -446,12 +544,11 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
             for piece in pieces:
                 good_seen += piece.table.num_rows
                 key = (piece.measurement, piece.partition)
-                entry = pending.setdefault(key, _Pending())
+                entry = pending.setdefault(key, _Pending(spill))
                 entry.add(piece.columns, piece.table, piece.first_line, piece.last_line)
-                if entry.rows >= limit:
+                if entry.total >= limit:
                     flush(key)
-            while sum(p.rows for p in pending.values()) > limit:
-                flush(max(pending, key=lambda k: pending[k].rows))
+            relieve()
             continue
         points = cast(list[Point], parsed)
         points_seen += len(points)
@@ -470,13 +567,11 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
             groups[(point.measurement, partition_of(point.time))].append(point)
         for key, group in groups.items():
             columns = storage.chunk_columns(group)
-            entry = pending.setdefault(key, _Pending())
+            entry = pending.setdefault(key, _Pending(spill))
             entry.add(columns, storage.points_to_table(group, columns), group[0].line, group[-1].line)
-            if entry.rows >= limit:
+            if entry.total >= limit:
                 flush(key)
-        # Many tables or days at once: bound what waits, writing the largest out first.
-        while sum(p.rows for p in pending.values()) > limit:
-            flush(max(pending, key=lambda k: pending[k].rows))
+        relieve()
 
     errors = parser.errors
     if errors and not accept_partial:
@@ -489,8 +584,8 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
         raise BadInputError(_errors_paragraph(conflicts, f"nothing was written to {db!r}"))
     if not good_seen:
         raise BadInputError(f"nothing to write to {db!r}: the input holds no valid point")
-    for key in sorted(k for k, p in pending.items() if p.rows):
-        flush(key)
+    for key in sorted(k for k, p in pending.items() if p.total):
+        flush(key, final=True)
     # New data: logged in this transaction, so materialized intervals it lands in become stale (freshness.py).
     record_writes(conn, db_id, [c.event() for c in written], orders=[c.order for c in written], source="write")
     return WriteResult(tuple(written), tuple(sorted([*errors, *conflicts], key=lambda e: e.line)))
