@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 from helpers import catalog_counts, live_chunks, warehouse_files
 
 from iox_planner.ingest import write as ingest
@@ -163,6 +164,89 @@ def test_run_lock_lets_one_run_of_an_interval_publish(catalog: Catalog, db: str)
     assert not runs.release_lock(catalog, key, "d/b")
     assert runs.release_lock(catalog, key, "d/c")
     assert runs.lock_holder(catalog, key) is None
+
+
+class Scheduler:
+    """What a task's `ti.get_dagrun_state` would answer, kept by the test: DAG run states by (dag_id, run_id), and
+    every question asked. `on_ask` runs as a question is answered (another process acting meanwhile)."""
+
+    def __init__(self, states: dict[tuple[str, str], str]) -> None:
+        self.states = states
+        self.asked: list[tuple[str, str]] = []
+        self.on_ask: Any = None
+
+    def __call__(self, dag_id: str, run_id: str) -> str:
+        self.asked.append((dag_id, run_id))
+        if self.on_ask is not None:
+            self.on_ask()
+        return self.states[(dag_id, run_id)]  # KeyError: a run the scheduler does not know
+
+
+def test_a_live_holder_is_never_taken_over_by_dag_run_state(catalog: Catalog, db: str) -> None:
+    """The takeover of a killed run's lock (its Airflow DAG run ended while its query run says `running`) never
+    touches a holder that may be alive: a DAG run still queued or running, a state that cannot be learned, a holder
+    that renewed its lock after the state was asked; and the holder it does take over cannot publish."""
+    key = runs.RunKey(f"dagstate_{db}", T0, T0 + DAY)
+    a_id, b_id = f"a-{db}", f"b-{db}"
+    a = runs.start_run(catalog, database=db, params={}, dag_id="d", run_id=a_id)
+    b = runs.start_run(catalog, database=db, params={}, dag_id="d", run_id=b_id)
+    runs.acquire_lock(catalog, key, f"d/{a_id}", query_run=a, ttl_seconds=3600)
+
+    def lock_row() -> tuple[Any, ...]:
+        with catalog.engine.connect() as conn:
+            return tuple(conn.execute(sa.text(
+                "SELECT holder, query_run_id, acquired_at, expires_at FROM iox_run_lock WHERE definition = :d"
+            ).bindparams(d=key.definition)).one())
+
+    before = lock_row()
+    for alive in ("running", "queued", "restarting", "", None, 42):
+        scheduler = Scheduler({("d", a_id): alive})  # type: ignore[dict-item]
+        with pytest.raises(CatalogError, match=f"is being computed by d/{a_id}"):
+            runs.acquire_lock(catalog, key, f"d/{b_id}", query_run=b, ttl_seconds=3600, holder_state=scheduler)
+        assert scheduler.asked == [("d", a_id)], alive
+        assert lock_row() == before and runs.get_run(catalog, a)["status"] == "running", alive
+    # A DAG run the scheduler does not know, or a failure to ask: no proof of death, the lock holds.
+    for scheduler in (Scheduler({}), Scheduler({("d", a_id): "failed"})):
+        if scheduler.states:
+            def broken() -> None:
+                raise ConnectionError("the api-server did not answer")
+            scheduler.on_ask = broken
+        with pytest.raises(CatalogError, match=f"is being computed by d/{a_id}"):
+            runs.acquire_lock(catalog, key, f"d/{b_id}", query_run=b, ttl_seconds=3600, holder_state=scheduler)
+        assert lock_row() == before
+    # The holder's DAG run ended, but while the question was out its task was cleared and took its lock again
+    # (a retry of the same holder renews acquired_at): it is alive, it keeps the lock.
+    scheduler = Scheduler({("d", a_id): "failed"})
+    scheduler.on_ask = lambda: runs.acquire_lock(catalog, key, f"d/{a_id}", query_run=a, ttl_seconds=3600)
+    with pytest.raises(CatalogError, match=f"is being computed by d/{a_id}"):
+        runs.acquire_lock(catalog, key, f"d/{b_id}", query_run=b, ttl_seconds=3600, holder_state=scheduler)
+    renewed = lock_row()
+    assert renewed[0] == f"d/{a_id}" and renewed[2] > before[2] and runs.get_run(catalog, a)["status"] == "running"
+    # A lock held under another name than its query run's DAG run (not an Airflow holder): never asked.
+    c_id = f"c-{db}"
+    c = runs.start_run(catalog, database=db, params={}, dag_id="d", run_id=c_id)
+    other = runs.RunKey(f"dagstate_other_{db}", T0, T0 + DAY)
+    runs.acquire_lock(catalog, other, "cli/someone", query_run=c, ttl_seconds=3600)
+    scheduler = Scheduler({("d", c_id): "failed"})
+    with pytest.raises(CatalogError, match="is being computed by cli/someone"):
+        runs.acquire_lock(catalog, other, f"d/{b_id}", query_run=b, ttl_seconds=3600, holder_state=scheduler)
+    assert scheduler.asked == []
+    # Ended for real (failed: its commit task was killed): taken over at once, its run recorded as failed.
+    for ended, taker in (("failed", b_id), ("success", a_id)):
+        holder_run = a if taker == b_id else b
+        holder_id = a_id if taker == b_id else b_id
+        scheduler = Scheduler({("d", holder_id): ended})
+        runs.start_run(catalog, database=db, params={}, dag_id="d", run_id=taker)  # a new try: running again
+        runs.acquire_lock(catalog, key, f"d/{taker}", query_run=a if taker == a_id else b, ttl_seconds=3600,
+                          holder_state=scheduler)
+        assert runs.lock_holder(catalog, key) == f"d/{taker}", ended
+        dead = runs.get_run(catalog, holder_run)
+        assert dead["status"] == "failed" and f"its Airflow DAG run ended ({ended})" in dead["error"], dead
+        # The holder taken over, should it come back (a zombie task, or cleared later), publishes nothing.
+        with catalog.engine.begin() as conn, pytest.raises(CatalogError, match="no longer holds"):
+            runs.check_lock(conn, key, f"d/{holder_id}")
+        assert not runs.release_lock(catalog, key, f"d/{holder_id}")
+    assert runs.release_lock(catalog, key, f"d/{a_id}") and runs.release_lock(catalog, other, "cli/someone")
 
 
 def test_piled_up_partitions(catalog: Catalog, db: str) -> None:
