@@ -300,3 +300,38 @@ def test_publishing_a_staged_result_leaves_it_for_a_retry(catalog: Catalog, tmp_
             _publish(staged, output, ResultFormat(fmt))
             assert staged.exists() and published() in ([1, 2], ['{"x": 1}', '{"x": 2}'])
     assert sorted(p.name for p in output.parent.iterdir()) == [output.name]
+
+
+def test_a_plan_killed_after_taking_the_lock_is_recorded_by_the_failure_path(catalog: Catalog, db: str,
+                                                                             tmp_path: Path) -> None:
+    """A plan task killed outright after it took the lock pushed no handle and recorded nothing. The commit task
+    (trigger rule all_done) then runs the failure path without a handle: it must find the run by its DAG run's
+    ids, mark it failed and free its lock, and never touch a lock another run holds."""
+    from iox_airflow import runs as steps
+    from iox_airflow.query_request import QueryRequest
+    from iox_airflow.settings import AirflowSettings
+
+    settings = AirflowSettings(output_root=tmp_path, output_roots=(tmp_path,))
+    request = QueryRequest.from_params({"db": db, "sql": "SELECT * FROM h2o", "output": str(tmp_path / "o.jsonl"),
+                                        "format": "jsonl"}, settings)
+    killed = steps.RunIdentity("iox_query", f"killed-plan-{db}")
+    pk = runs.start_run(catalog, database=db, params={}, dag_id=killed.dag_id, run_id=killed.run_id)
+    runs.acquire_lock(catalog, request.lock_key(), killed.holder, query_run=pk, ttl_seconds=3600)
+    staging = steps.Staging.for_run(request.output, killed)
+    staging.reset()
+    message = steps.fail(request, killed, None, "task(s) plan failed")
+    assert message == "task(s) plan failed"
+    found = runs.get_run(catalog, pk)
+    assert found["status"] == "failed" and found["error"] == "task(s) plan failed", found
+    assert runs.lock_holder(catalog, request.lock_key()) is None and not staging.root.exists()
+    # A plan killed before it got the lock (another run holds it): that run keeps it, and its run stays running.
+    other = steps.RunIdentity("iox_query", f"holder-{db}")
+    other_pk = runs.start_run(catalog, database=db, params={}, dag_id=other.dag_id, run_id=other.run_id)
+    runs.acquire_lock(catalog, request.lock_key(), other.holder, query_run=other_pk, ttl_seconds=3600)
+    late = steps.RunIdentity("iox_query", f"killed-early-{db}")
+    late_pk = runs.start_run(catalog, database=db, params={}, dag_id=late.dag_id, run_id=late.run_id)
+    steps.fail(request, late, None, "task(s) plan failed")
+    assert runs.get_run(catalog, late_pk)["status"] == "failed"
+    assert runs.lock_holder(catalog, request.lock_key()) == other.holder
+    assert runs.get_run(catalog, other_pk)["status"] == "running"
+    assert runs.release_lock(catalog, request.lock_key(), other.holder)
