@@ -70,7 +70,8 @@ def _refresh(item: dict[str, Any], context: Any) -> dict[str, Any]:
     label["refresh_target"] = f"{item['name']} {format_time(item['start'])}"  # the mapped task's label
     # One query run (and one run lock holder) per interval of this DAG run.
     run = refresh.RunIdentity(ti.dag_id, f"{ti.run_id}:{item['name']}:{format_time(item['start'])}")
-    result = refresh.refresh_interval(definition, int(item["start"]), int(item["end"]), run, settings)
+    result = refresh.refresh_interval(definition, int(item["start"]), int(item["end"]), run, settings,
+                                      holder_state=ti.get_dagrun_state)
     print(refresh.describe(result))
     if not result.ok:
         raise AirflowFailException(refresh.describe(result))

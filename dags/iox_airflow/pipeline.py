@@ -2,8 +2,9 @@
 
     plan ──> run (one Spark job per part, dynamically mapped) ──> merge (final Spark step, when split) ──> commit
 
-- `plan` reads the catalog and writes the plan into the run's staging folder; bad input fails here with the
-  planner's message and nothing published. It pushes the Spark jobs (the mapping), a summary (`summary`) and a
+- `plan` reads the catalog, takes the run lock (taking it over from a run whose Airflow DAG run has ended, a
+  killed one say) and writes the plan into the run's staging folder; bad input fails here with the planner's
+  message and nothing published. It pushes the Spark jobs (the mapping), a summary (`summary`) and a
   handle on the run (`handle`) to XCom.
 - `run` is `IoxSparkSubmitOperator` mapped over the jobs: one job for the whole plan, or at most N parts.
 - `merge` runs the query's SQL over the parts; it skips itself when the plan was not split.
@@ -65,7 +66,9 @@ def query_tasks(
             runs.reject(context.get("params") or {}, run, str(err))
             raise AirflowFailException(f"nothing was run: {err}") from err
         try:
-            outcome = runs.plan(request, run, now)
+            # The scheduler's view of another run's DAG run: a lock whose holder's DAG run has ended is taken
+            # over at once instead of after IOX_RUN_LOCK_TTL_S (catalog/runs.py acquire_lock says why).
+            outcome = runs.plan(request, run, now, holder_state=context["ti"].get_dagrun_state)
         except runs.RunFailed as err:
             raise AirflowFailException(f"nothing was run: {err}") from err
         ti = context["ti"]

@@ -17,7 +17,7 @@ import datetime as dt
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from iox_planner.errors import BadInputError, IoxError
 from iox_planner.timeutil import format_time
@@ -214,16 +214,18 @@ class RefreshResult:
 
 
 def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: RunIdentity,
-                     settings: AirflowSettings, *, executor: str = "spark-submit") -> RefreshResult:
+                     settings: AirflowSettings, *, executor: str = "spark-submit",
+                     holder_state: Callable[[str, str], str] | None = None) -> RefreshResult:
     """Recompute [start, end) of `definition` and publish it like a materialize run would. Returns what happened;
-    a failure has been recorded (run failed, nothing published) and is in the result."""
+    a failure has been recorded (run failed, nothing published) and is in the result. `holder_state`: as for
+    `runs.plan` (in a task: `ti.get_dagrun_state`)."""
     from iox_airflow import runs
 
     if executor not in EXECUTORS:
         raise BadInputError(f"unknown executor {executor!r}; use one of {', '.join(EXECUTORS)}")
     request = definition.request(_dt(start), _dt(end), settings)
     try:
-        outcome = runs.plan(request, run, settings)
+        outcome = runs.plan(request, run, settings, holder_state=holder_state)
     except RunFailed as err:
         return RefreshResult(definition.name, start, end, False, error=str(err))
     jobs = 0

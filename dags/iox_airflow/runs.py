@@ -19,7 +19,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, NoReturn
+from typing import Any, Callable, Mapping, NoReturn
 
 from iox_planner.errors import BadInputError, IoxError
 from iox_planner.faults import kill_point
@@ -142,10 +142,12 @@ def spark_format(request: QueryRequest) -> str:
     return "arrow" if request.register_as is not None else request.format.value
 
 
-def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> PlanOutcome:
+def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings,
+         holder_state: Callable[[str, str], str] | None = None) -> PlanOutcome:
     """Record the run, plan against the catalog, take the run lock and write the plan and the Spark jobs' inputs
     into the run's staging folder. Bad input fails here with a clear message: the run is marked failed and
-    nothing is written anywhere else."""
+    nothing is written anywhere else. `holder_state` (a task's `ti.get_dagrun_state`) lets the lock be taken over
+    from a holder whose Airflow DAG run has ended (catalog/runs.py `acquire_lock`)."""
     from iox_planner.catalog import runs
     from iox_planner.catalog.store import CatalogSource
     from iox_planner.output.publish import check_destination
@@ -171,7 +173,8 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings) -> 
         query_plan = plan_query(request.sql, source, params=dict(request.args),
                                 time_start=request.time_start, time_end=request.time_end,
                                 settings=PlannerSettings.from_env())
-        runs.acquire_lock(catalog, key, run.holder, query_run=run_pk, ttl_seconds=settings.run_lock_ttl_s)
+        runs.acquire_lock(catalog, key, run.holder, query_run=run_pk, ttl_seconds=settings.run_lock_ttl_s,
+                          holder_state=holder_state)
         _remove_dead_stagings(request.output, staging)
         staging.reset()
         staging.plan_file.write_text(serde.plan_to_json(query_plan))
@@ -331,12 +334,20 @@ def fail(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any] | No
     staging = Staging(Path(handle["staging"])) if handle else Staging.for_run(request.output, run)
     errors = staging.errors()
     message = "; ".join(errors) if errors else reason
-    if handle is None:  # the plan step never finished: it recorded its own failure
-        staging.remove()
-        return message
     catalog = _catalog()
     try:
-        _record_failure(catalog, int(handle["query_run"]), request.lock_key(), run, staging, message)
+        if handle is not None:
+            _record_failure(catalog, int(handle["query_run"]), request.lock_key(), run, staging, message)
+            return message
+        # The plan step never finished. A plan that failed recorded its own failure; one killed outright (after
+        # taking the lock, say) recorded nothing, and its run would stay `running`, holding the lock: record it
+        # here, by this DAG run's ids. Only this run's own lock is released (release_lock checks the holder).
+        from iox_planner.catalog import runs
+
+        found = runs.find_run(catalog, run.dag_id, run.run_id)
+        if found is not None and found["status"] == runs.RunStatus.RUNNING.value:
+            _record_failure(catalog, int(found["id"]), request.lock_key(), run, staging, message)
+        staging.remove()
     finally:
         catalog.dispose()
     return message

@@ -6,7 +6,7 @@
 | `IOX_SPARK_RETRIES` | 1 | retries of a failed Spark task (each retry reruns cleanly) |
 | `IOX_SPARK_RETRY_DELAY_S` | 30 | seconds between them |
 | `IOX_SPARK_FAST_START_ROWS` | 1000000 | Spark jobs over at most this many rows start for latency (0: never) |
-| `IOX_RUN_LOCK_TTL_S` | 21600 | a run lock whose holder died is taken over after this long |
+| `IOX_RUN_LOCK_TTL_S` | 21600 | a run lock whose holder died is taken over after this long (immediately when its Airflow DAG run has ended: catalog/runs.py) |
 | `IOX_PERSIST_CHUNK_THRESHOLD` | 10 | the maintenance DAG persists partitions with at least this many ingester chunks |
 | `IOX_PERSIST_SCHEDULE` | `*/30 * * * *` | when it looks |
 | `IOX_PERSIST_DATABASES` | (all) | comma-separated databases it looks at |

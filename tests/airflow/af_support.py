@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import contextlib
 import queue
+import secrets
 import signal
+import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import sqlalchemy as sa
 import yaml
@@ -171,3 +176,79 @@ def leftovers(folder: Path) -> list[str]:
         return []
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
                   if ".iox-run-" in p.name or p.name.endswith((".tmp", ".old")))
+
+
+# --- a real scheduler and api-server ---------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen([str(BIN / "airflow"), *args], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the whole process group (the scheduler's executor workers, the api-server's workers)."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextlib.contextmanager
+def scheduler_cluster(env: dict[str, str], home: Path) -> Iterator[dict[str, Any]]:
+    """A real api-server and scheduler (LocalExecutor) on `env` (a `base_env` whose AIRFLOW_HOME is `home`), each
+    in its own process group, started with bounded waits and always stopped. Yields the env it runs with and the
+    processes (`scheduler`, `api_server`)."""
+    port = _free_port()
+    env = {**env,
+           "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+           "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+           "AIRFLOW__API__PORT": str(port),
+           "AIRFLOW__API__HOST": "127.0.0.1",
+           "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
+           "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+           "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO"}
+    setup_airflow(env, reserialize=True)
+    api = _start(["api-server", "--port", str(port), "--workers", "1"], env, home / "api-server.log")
+    scheduler = _start(["scheduler", "--skip-serve-logs"], env, home / "scheduler.log")
+    procs = [api, scheduler]
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            dead = [p for p in procs if p.poll() is not None]
+            logs = [(home / name).read_text()[-3000:] for name in ("api-server.log", "scheduler.log")]
+            assert not dead, "\n".join(logs)
+            assert time.monotonic() < deadline, "the api-server did not answer within 120 s"
+            time.sleep(1)
+        yield {"env": env, "home": home, "scheduler": scheduler, "api_server": api}
+    finally:
+        for proc in procs:
+            _stop(proc)
+
+
+def dag_run_state(home: Path, dag_id: str, run_id: str) -> str | None:
+    """The state the scheduler recorded for one DAG run (the metadata DB, read only)."""
+    with sqlite3.connect(f"file:{home / 'airflow.db'}?mode=ro", uri=True, timeout=30) as db:
+        row = db.execute("SELECT state FROM dag_run WHERE dag_id = ? AND run_id = ?", (dag_id, run_id)).fetchone()
+    return None if row is None else str(row[0])

@@ -9,27 +9,27 @@ days, and only them (the data holds a third day, which no daily run covered).
 Two days, not three: the scheduler runs two tasks at once, so both intervals run side by side (each backfill is
 one round of Spark jobs, not two) and every promise above still needs more than one interval. The module has a
 database of its own, so it passes whichever other Airflow tests ran before it in the same process.
+
+Then, under the same scheduler (one start for both: it costs about 30 s), a triggered `iox_query` run whose
+commit task is SIGKILLed from outside: the next run of the same output is not refused for IOX_RUN_LOCK_TTL_S
+(6 h, left at its default) but takes the killed run's lock over, its DAG run having ended, and publishes once.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
-import socket
 import sqlite3
-import subprocess
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import sqlalchemy as sa
-from af_support import (BIN, DATA, airflow_cli, base_env, leftovers, locks, query_runs, setup_airflow,
-                        write_definitions)
+from af_support import (DATA, ROOT, airflow_cli, base_env, dag_run_state, leftovers, locks, query_runs,
+                        scheduler_cluster, write_definitions)
 from helpers import live_chunks
 
 from iox_planner.catalog.store import Catalog
@@ -39,34 +39,10 @@ pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
 
 DAYS = ("2024-01-01", "2024-01-02")
 RUNS_TIMEOUT_S = 480
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen([str(BIN / "airflow"), *args], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the whole process group (the scheduler's executor workers, the api-server's workers)."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+FULL = int(os.environ.get("IOX_FAULT_POINTS", "2")) >= 5
+# A lost worker's task is failed once its heartbeats stop for this long. Airflow's default, 300 s, is what
+# production keeps: a shorter one risks failing live tasks of a busy worker. Here, short for the worker kill.
+HEARTBEAT_TIMEOUT_S = 30
 
 
 @pytest.fixture(scope="module")
@@ -83,39 +59,13 @@ def cluster(catalog_url: str, backfill_db: str, fail_db: str,
     home = tmp_path_factory.mktemp("airflow_backfill_home")
     definitions = tmp_path_factory.mktemp("materialized_backfill")
     write_definitions(definitions, backfill_db, fail_db)
-    port = _free_port()
     env = base_env(catalog_url, home, tmp_path_factory.mktemp("output_backfill"), definitions)
-    env.update({
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",  # only the definitions saying `paused: false` run
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
-        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
-        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
-    })
-    setup_airflow(env, reserialize=True)
-    procs = [_start(["api-server", "--port", str(port), "--workers", "1"], env, home / "api-server.log"),
-             _start(["scheduler", "--skip-serve-logs"], env, home / "scheduler.log")]
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            dead = [p for p in procs if p.poll() is not None]
-            logs = [(home / name).read_text()[-3000:] for name in ("api-server.log", "scheduler.log")]
-            assert not dead, "\n".join(logs)
-            assert time.monotonic() < deadline, "the api-server did not answer within 120 s"
-            time.sleep(1)
-        yield {"env": env, "home": home, "output": Path(env["IOX_OUTPUT_ROOT"])}
-    finally:
-        for proc in procs:
-            _stop(proc)
+    env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"  # only the definitions saying `paused: false` run
+    env.update({"AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
+                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "2",
+                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "3"})
+    with scheduler_cluster(env, home) as running:
+        yield {**running, "output": Path(env["IOX_OUTPUT_ROOT"])}
 
 
 def dag_runs(home: Path, dag_id: str) -> list[tuple[str, str, str]]:
@@ -237,3 +187,120 @@ def test_backfill_two_days_twice_then_a_rollup_of_the_rollup(cluster: dict[str, 
     assert leftovers(output) == []
     assert locks(catalog) == []
     print("\nbackfill of two days, twice, then the monthly rollup: " + ", ".join(phases))
+
+
+# --- a run killed outright ----------------------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process, or None once it is gone."""
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return fields[0], int(fields[1])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _task_instance(home: Path, run_id: str, task_id: str) -> tuple[str, str | None] | None:
+    with sqlite3.connect(f"file:{home / 'airflow.db'}?mode=ro", uri=True, timeout=30) as db:
+        row = db.execute("SELECT id, state FROM task_instance WHERE dag_id = 'iox_query' AND run_id = ? "
+                         "AND task_id = ?", (run_id, task_id)).fetchone()
+    return None if row is None else (str(row[0]), row[1])
+
+
+def _kill_when_started(cluster: dict[str, Any], run_id: str, task_id: str, *, worker: bool) -> None:
+    """SIGKILL the task's process as soon as it exists: the task runner Airflow forked for it (titled `airflow
+    worker -- <task instance id>`, a process group of its own), with `worker` also its supervisor, the
+    executor's worker process, so that nobody reports the death and only the heartbeat timeout tells."""
+    deadline = time.monotonic() + RUNS_TIMEOUT_S
+    while True:
+        ti = _task_instance(cluster["home"], run_id, task_id)
+        assert dag_run_state(cluster["home"], "iox_query", run_id) not in ("success", "failed"), (run_id, ti)
+        if ti is not None and ti[1] in ("queued", "running"):  # only then a process to look for: scan /proc often
+            title = f"airflow worker -- {uuid.UUID(ti[0])}"  # SQLite holds the id as bare hex
+            found = [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()
+                     and _cmdline(int(e.name)).strip() == title]
+            if found:
+                [task] = found
+                stat = _proc_stat(task)
+                assert stat is not None
+                # Its own process group (Airflow's supervisor makes it so), never the scheduler's: killpg is safe.
+                assert os.getpgid(task) == task != os.getpgid(cluster["scheduler"].pid)
+                os.killpg(task, signal.SIGKILL)
+                if worker:
+                    os.kill(stat[1], signal.SIGKILL)
+                return
+        assert ti is None or ti[1] not in ("success", "failed"), f"{task_id} of {run_id} ended before it was killed"
+        assert time.monotonic() < deadline, f"{task_id} of {run_id} did not start within {RUNS_TIMEOUT_S} s"
+        time.sleep(0.02 if ti is not None and ti[1] in ("queued", "running") else 0.3)
+
+
+def _wait_ended(cluster: dict[str, Any], run_id: str) -> str:
+    deadline = time.monotonic() + RUNS_TIMEOUT_S
+    while (state := dag_run_state(cluster["home"], "iox_query", run_id)) not in ("success", "failed"):
+        assert time.monotonic() < deadline, (f"{run_id} still {state} after {RUNS_TIMEOUT_S} s:\n"
+                                             + (cluster["home"] / "scheduler.log").read_text()[-4000:])
+        time.sleep(0.5)
+    return str(state)
+
+
+def _trigger(cluster: dict[str, Any], conf: dict[str, Any], run_id: str) -> None:
+    done = airflow_cli(cluster["env"], "dags", "trigger", "iox_query", "-c", json.dumps(conf), "--run-id", run_id)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _publications(catalog: Catalog, output: Path) -> list[str]:
+    with catalog.engine.connect() as conn:
+        return list(conn.execute(sa.text("SELECT run FROM iox_output_publication WHERE path = :p ORDER BY id")
+                                 .bindparams(p=str(output.resolve()))).scalars())
+
+
+@pytest.mark.parametrize("victim", ("task", "worker") if FULL else ("task",))
+def test_killed_commit_does_not_hold_the_lock_for_the_next_run(cluster: dict[str, Any], catalog: Catalog,
+                                                               victim: str) -> None:
+    """The commit task SIGKILLed as soon as it starts (CI), in the full run (IOX_FAULT_POINTS >= 5) also with its
+    worker. Before the fix, the killed run's query run stayed `running`, and its lock refused every run of the
+    output for 6 h: the assertions right after the kill show that state, the rest that the next run is not
+    refused. Seed 001's hand-computed answer (test_airflow_iox_query.EXPECTED) is what it must publish."""
+    from test_airflow_iox_query import EXPECTED, QUERY
+
+    db = f"af_killed_{uuid.uuid4().hex[:8]}"
+    load_scenario(catalog, read_scenario(ROOT / "examples" / "h2o.yaml"), db=db)
+    done = airflow_cli(cluster["env"], "dags", "unpause", "iox_query")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    started = time.monotonic()
+    output = cluster["output"] / f"killed-{victim}" / "h2o.jsonl"
+    output.parent.mkdir()
+    conf = {"db": db, "sql": QUERY, "output": str(output), "format": "jsonl"}
+    killed_id, next_id = f"killed-{victim}-{uuid.uuid4().hex[:6]}", f"next-{victim}-{uuid.uuid4().hex[:6]}"
+
+    _trigger(cluster, conf, killed_id)
+    _kill_when_started(cluster, killed_id, "commit", worker=victim == "worker")
+    assert _wait_ended(cluster, killed_id) == "failed"
+    ended = time.monotonic() - started
+    [dead] = query_runs(catalog, dag_id="iox_query", run_id=killed_id)
+    assert dead["status"] == "running", dead  # the killed task recorded nothing
+    assert [lock["holder"] for lock in locks(catalog) if str(output) in lock["definition"]] == [
+        f"iox_query/{killed_id}"]
+    assert not output.exists() and _publications(catalog, output) == []
+
+    _trigger(cluster, conf, next_id)
+    assert _wait_ended(cluster, next_id) == "success", (cluster["home"] / "scheduler.log").read_text()[-4000:]
+    assert [json.loads(line) for line in output.read_text().splitlines()] == EXPECTED
+    assert _publications(catalog, output) == [f"iox_query/{next_id}"]  # exactly once, by the next run
+    [dead] = query_runs(catalog, dag_id="iox_query", run_id=killed_id)
+    assert dead["status"] == "failed" and "its Airflow DAG run ended (failed)" in dead["error"], dead
+    [after] = query_runs(catalog, dag_id="iox_query", run_id=next_id)
+    assert after["status"] == "success" and after["row_count"] == len(EXPECTED), after
+    assert [lock for lock in locks(catalog) if str(output) in lock["definition"]] == []
+    assert leftovers(output.parent) == []
+    print(f"\nkilled commit ({victim}): its DAG run failed {ended:.0f} s after the trigger, the next run "
+          f"published {time.monotonic() - started - ended:.0f} s later")

@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 from helpers import catalog_counts, live_chunks, warehouse_files
 
 from iox_planner.ingest import write as ingest
@@ -165,6 +166,89 @@ def test_run_lock_lets_one_run_of_an_interval_publish(catalog: Catalog, db: str)
     assert runs.lock_holder(catalog, key) is None
 
 
+class Scheduler:
+    """What a task's `ti.get_dagrun_state` would answer, kept by the test: DAG run states by (dag_id, run_id), and
+    every question asked. `on_ask` runs as a question is answered (another process acting meanwhile)."""
+
+    def __init__(self, states: dict[tuple[str, str], str]) -> None:
+        self.states = states
+        self.asked: list[tuple[str, str]] = []
+        self.on_ask: Any = None
+
+    def __call__(self, dag_id: str, run_id: str) -> str:
+        self.asked.append((dag_id, run_id))
+        if self.on_ask is not None:
+            self.on_ask()
+        return self.states[(dag_id, run_id)]  # KeyError: a run the scheduler does not know
+
+
+def test_a_live_holder_is_never_taken_over_by_dag_run_state(catalog: Catalog, db: str) -> None:
+    """The takeover of a killed run's lock (its Airflow DAG run ended while its query run says `running`) never
+    touches a holder that may be alive: a DAG run still queued or running, a state that cannot be learned, a holder
+    that renewed its lock after the state was asked; and the holder it does take over cannot publish."""
+    key = runs.RunKey(f"dagstate_{db}", T0, T0 + DAY)
+    a_id, b_id = f"a-{db}", f"b-{db}"
+    a = runs.start_run(catalog, database=db, params={}, dag_id="d", run_id=a_id)
+    b = runs.start_run(catalog, database=db, params={}, dag_id="d", run_id=b_id)
+    runs.acquire_lock(catalog, key, f"d/{a_id}", query_run=a, ttl_seconds=3600)
+
+    def lock_row() -> tuple[Any, ...]:
+        with catalog.engine.connect() as conn:
+            return tuple(conn.execute(sa.text(
+                "SELECT holder, query_run_id, acquired_at, expires_at FROM iox_run_lock WHERE definition = :d"
+            ).bindparams(d=key.definition)).one())
+
+    before = lock_row()
+    for alive in ("running", "queued", "restarting", "", None, 42):
+        scheduler = Scheduler({("d", a_id): alive})  # type: ignore[dict-item]
+        with pytest.raises(CatalogError, match=f"is being computed by d/{a_id}"):
+            runs.acquire_lock(catalog, key, f"d/{b_id}", query_run=b, ttl_seconds=3600, holder_state=scheduler)
+        assert scheduler.asked == [("d", a_id)], alive
+        assert lock_row() == before and runs.get_run(catalog, a)["status"] == "running", alive
+    # A DAG run the scheduler does not know, or a failure to ask: no proof of death, the lock holds.
+    for scheduler in (Scheduler({}), Scheduler({("d", a_id): "failed"})):
+        if scheduler.states:
+            def broken() -> None:
+                raise ConnectionError("the api-server did not answer")
+            scheduler.on_ask = broken
+        with pytest.raises(CatalogError, match=f"is being computed by d/{a_id}"):
+            runs.acquire_lock(catalog, key, f"d/{b_id}", query_run=b, ttl_seconds=3600, holder_state=scheduler)
+        assert lock_row() == before
+    # The holder's DAG run ended, but while the question was out its task was cleared and took its lock again
+    # (a retry of the same holder renews acquired_at): it is alive, it keeps the lock.
+    scheduler = Scheduler({("d", a_id): "failed"})
+    scheduler.on_ask = lambda: runs.acquire_lock(catalog, key, f"d/{a_id}", query_run=a, ttl_seconds=3600)
+    with pytest.raises(CatalogError, match=f"is being computed by d/{a_id}"):
+        runs.acquire_lock(catalog, key, f"d/{b_id}", query_run=b, ttl_seconds=3600, holder_state=scheduler)
+    renewed = lock_row()
+    assert renewed[0] == f"d/{a_id}" and renewed[2] > before[2] and runs.get_run(catalog, a)["status"] == "running"
+    # A lock held under another name than its query run's DAG run (not an Airflow holder): never asked.
+    c_id = f"c-{db}"
+    c = runs.start_run(catalog, database=db, params={}, dag_id="d", run_id=c_id)
+    other = runs.RunKey(f"dagstate_other_{db}", T0, T0 + DAY)
+    runs.acquire_lock(catalog, other, "cli/someone", query_run=c, ttl_seconds=3600)
+    scheduler = Scheduler({("d", c_id): "failed"})
+    with pytest.raises(CatalogError, match="is being computed by cli/someone"):
+        runs.acquire_lock(catalog, other, f"d/{b_id}", query_run=b, ttl_seconds=3600, holder_state=scheduler)
+    assert scheduler.asked == []
+    # Ended for real (failed: its commit task was killed): taken over at once, its run recorded as failed.
+    for ended, taker in (("failed", b_id), ("success", a_id)):
+        holder_run = a if taker == b_id else b
+        holder_id = a_id if taker == b_id else b_id
+        scheduler = Scheduler({("d", holder_id): ended})
+        runs.start_run(catalog, database=db, params={}, dag_id="d", run_id=taker)  # a new try: running again
+        runs.acquire_lock(catalog, key, f"d/{taker}", query_run=a if taker == a_id else b, ttl_seconds=3600,
+                          holder_state=scheduler)
+        assert runs.lock_holder(catalog, key) == f"d/{taker}", ended
+        dead = runs.get_run(catalog, holder_run)
+        assert dead["status"] == "failed" and f"its Airflow DAG run ended ({ended})" in dead["error"], dead
+        # The holder taken over, should it come back (a zombie task, or cleared later), publishes nothing.
+        with catalog.engine.begin() as conn, pytest.raises(CatalogError, match="no longer holds"):
+            runs.check_lock(conn, key, f"d/{holder_id}")
+        assert not runs.release_lock(catalog, key, f"d/{holder_id}")
+    assert runs.release_lock(catalog, key, f"d/{a_id}") and runs.release_lock(catalog, other, "cli/someone")
+
+
 def test_piled_up_partitions(catalog: Catalog, db: str) -> None:
     for n in range(3):
         ingest.write_line_protocol(catalog, db, f"cpu,host=a usage={n} {T0 + n}\nmem,host=a used={n} {T0 + n}")
@@ -216,3 +300,38 @@ def test_publishing_a_staged_result_leaves_it_for_a_retry(catalog: Catalog, tmp_
             _publish(staged, output, ResultFormat(fmt))
             assert staged.exists() and published() in ([1, 2], ['{"x": 1}', '{"x": 2}'])
     assert sorted(p.name for p in output.parent.iterdir()) == [output.name]
+
+
+def test_a_plan_killed_after_taking_the_lock_is_recorded_by_the_failure_path(catalog: Catalog, db: str,
+                                                                             tmp_path: Path) -> None:
+    """A plan task killed outright after it took the lock pushed no handle and recorded nothing. The commit task
+    (trigger rule all_done) then runs the failure path without a handle: it must find the run by its DAG run's
+    ids, mark it failed and free its lock, and never touch a lock another run holds."""
+    from iox_airflow import runs as steps
+    from iox_airflow.query_request import QueryRequest
+    from iox_airflow.settings import AirflowSettings
+
+    settings = AirflowSettings(output_root=tmp_path, output_roots=(tmp_path,))
+    request = QueryRequest.from_params({"db": db, "sql": "SELECT * FROM h2o", "output": str(tmp_path / "o.jsonl"),
+                                        "format": "jsonl"}, settings)
+    killed = steps.RunIdentity("iox_query", f"killed-plan-{db}")
+    pk = runs.start_run(catalog, database=db, params={}, dag_id=killed.dag_id, run_id=killed.run_id)
+    runs.acquire_lock(catalog, request.lock_key(), killed.holder, query_run=pk, ttl_seconds=3600)
+    staging = steps.Staging.for_run(request.output, killed)
+    staging.reset()
+    message = steps.fail(request, killed, None, "task(s) plan failed")
+    assert message == "task(s) plan failed"
+    found = runs.get_run(catalog, pk)
+    assert found["status"] == "failed" and found["error"] == "task(s) plan failed", found
+    assert runs.lock_holder(catalog, request.lock_key()) is None and not staging.root.exists()
+    # A plan killed before it got the lock (another run holds it): that run keeps it, and its run stays running.
+    other = steps.RunIdentity("iox_query", f"holder-{db}")
+    other_pk = runs.start_run(catalog, database=db, params={}, dag_id=other.dag_id, run_id=other.run_id)
+    runs.acquire_lock(catalog, request.lock_key(), other.holder, query_run=other_pk, ttl_seconds=3600)
+    late = steps.RunIdentity("iox_query", f"killed-early-{db}")
+    late_pk = runs.start_run(catalog, database=db, params={}, dag_id=late.dag_id, run_id=late.run_id)
+    steps.fail(request, late, None, "task(s) plan failed")
+    assert runs.get_run(catalog, late_pk)["status"] == "failed"
+    assert runs.lock_holder(catalog, request.lock_key()) == other.holder
+    assert runs.get_run(catalog, other_pk)["status"] == "running"
+    assert runs.release_lock(catalog, request.lock_key(), other.holder)

@@ -5,6 +5,10 @@
 - **Run locks**, keyed by (definition, interval): a run takes the lock when it plans and checks it in the
   transaction that publishes, so two runs of one interval can never both publish.
 
+A holder that died leaves its lock behind. It is taken over when it expires (`IOX_RUN_LOCK_TTL_S`), when its query
+run is no longer `running`, or, when the caller can ask the scheduler (`holder_state`), as soon as the holder's
+Airflow DAG run has ended (see `acquire_lock`).
+
 Imports neither Airflow nor Spark: the DAGs call these functions, the tests call them against a real Postgres.
 """
 
@@ -13,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
@@ -110,6 +114,14 @@ def finish_run(
         c.execute(query_runs.update().where(where).values(**values))
 
 
+def find_run(catalog: Catalog, dag_id: str, run_id: str) -> dict[str, Any] | None:
+    """The query run of one Airflow DAG run (its task ids), if it recorded one."""
+    with catalog.engine.connect() as conn:
+        row = conn.execute(sa.select(query_runs).where(query_runs.c.dag_id == dag_id,
+                                                       query_runs.c.run_id == run_id)).mappings().one_or_none()
+    return dict(row) if row is not None else None
+
+
 def get_run(catalog: Catalog, run: int) -> dict[str, Any] | None:
     with catalog.engine.connect() as conn:
         row = conn.execute(sa.select(query_runs).where(query_runs.c.id == run)).mappings().one_or_none()
@@ -147,27 +159,92 @@ _ACQUIRE = sa.text("""
 """)
 
 
+HolderState = Callable[[str, str], str]
+"""Asks the scheduler for the state of an Airflow DAG run, by (dag_id, run_id): `ti.get_dagrun_state` in a task."""
+
+ENDED_DAG_RUN_STATES = frozenset({"success", "failed"})
+"""Airflow's terminal DAG run states: no task of such a run is running, or will run unless someone clears it."""
+
+_TAKE_OVER = sa.text("""
+    UPDATE iox_run_lock
+    SET holder = :holder, query_run_id = :run, acquired_at = now(), expires_at = now() + make_interval(secs => :ttl)
+    WHERE definition = :definition AND interval_start = :start AND interval_end = :end
+      AND holder = :old_holder AND query_run_id = :old_run AND acquired_at = :old_acquired
+    RETURNING holder
+""")
+
+
 def acquire_lock(
     catalog: Catalog, key: RunKey, holder: str, *, query_run: int | None, ttl_seconds: float,
-    conn: Connection | None = None,
+    conn: Connection | None = None, holder_state: HolderState | None = None,
 ) -> None:
     """Take the lock on `key` for `holder`, or fail naming who holds it. The same holder may take it again (a
-    retry); another holder's lock is taken over only when it expired or its query run is no longer running."""
+    retry); another holder's lock is taken over only when it expired, its query run is no longer running, or
+    (given `holder_state`) the Airflow DAG run that holds it has ended.
+
+    Why the DAG run's state: an Airflow task killed outright (SIGKILL of the task or its worker) never records
+    anything, so its query run stays `running` and its lock would hold for the whole TTL (6 h). The scheduler does
+    notice: the task's supervisor reports the death at once, and a lost worker's task is failed once its
+    heartbeats stop for `[scheduler] task_instance_heartbeat_timeout`; the DAG run then ends. A DAG run in a
+    terminal state has no live task that Airflow knows of, so its lock is taken over at once, in one statement
+    that also requires the lock to be exactly as seen when the state was asked (holder, query run and
+    `acquired_at`, which a retry of that holder renews): a holder that came back meanwhile (its task cleared) keeps
+    its lock. A live holder is never taken over: `running` and `queued` DAG runs, a state that cannot be asked (an
+    error, an unknown run, a holder that is no Airflow run) all count as alive. Exactness does not rest on this: a
+    task Airflow gave up on that is still running (or is cleared later) fails at `check_lock` in its publishing
+    transaction and publishes nothing.
+
+    Considered instead: a teardown task that marks the run failed and releases its lock when the commit did not
+    succeed. It would break the documented recovery of a killed commit (clear the task: it republishes the same
+    staged result), since the teardown would have released the lock and removed the staging first, and a teardown
+    killed in turn leaves the same 6 h lock. Taking over at the next run's plan needs no extra task and frees the
+    lock however the holder died."""
     with _transaction(catalog, conn) as c:
         got = c.execute(_ACQUIRE.bindparams(
             definition=key.definition, start=key.interval_start, end=key.interval_end, holder=holder,
             run=query_run, ttl=float(ttl_seconds))).scalar_one_or_none()
         if got is not None:
             return
-        row = c.execute(sa.select(run_locks.c.holder, run_locks.c.acquired_at, run_locks.c.expires_at)
-                        .where(_where(key))).one_or_none()
+        row = c.execute(
+            sa.select(run_locks.c.holder, run_locks.c.query_run_id, run_locks.c.acquired_at,
+                      run_locks.c.expires_at, query_runs.c.dag_id, query_runs.c.run_id, query_runs.c.status)
+            .select_from(run_locks.outerjoin(query_runs, query_runs.c.id == run_locks.c.query_run_id))
+            .where(_where(key))).one_or_none()
     if row is None:  # released between our insert and our look: another attempt will get it
         raise CatalogError(f"could not lock {key.describe()} for {holder}; retry the run")
+    ended = _ended_dag_run(row, holder_state)
+    if ended is not None:
+        with _transaction(catalog, conn) as c:
+            took = c.execute(_TAKE_OVER.bindparams(
+                definition=key.definition, start=key.interval_start, end=key.interval_end, holder=holder,
+                run=query_run, ttl=float(ttl_seconds), old_holder=row.holder, old_run=row.query_run_id,
+                old_acquired=row.acquired_at)).scalar_one_or_none()
+            if took is not None:
+                finish_run(catalog, row.query_run_id, RunStatus.FAILED, conn=c, error=(
+                    f"its Airflow DAG run ended ({ended}) while this run was still recorded as running (a task "
+                    f"killed outright, or its worker lost); {holder} took over its lock on {key.describe()}; "
+                    "nothing of this run was published"))
+                return
     raise CatalogError(
         f"{key.describe()} is being computed by {row.holder} (since {row.acquired_at:%Y-%m-%dT%H:%M:%SZ}); two "
         f"runs of one interval must not both publish, so {holder} stops here with nothing published. Retry "
-        f"once that run has finished (its lock expires at {row.expires_at:%Y-%m-%dT%H:%M:%SZ} if it died)"
+        f"once that run has finished (if it died, its lock is free once its Airflow DAG run has ended, and "
+        f"expires at {row.expires_at:%Y-%m-%dT%H:%M:%SZ} in any case)"
     )
+
+
+def _ended_dag_run(row: Any, holder_state: HolderState | None) -> str | None:
+    """The terminal state of the Airflow DAG run holding the lock, or None: alive, or not known to have ended."""
+    if holder_state is None or row.status != RunStatus.RUNNING.value or row.dag_id is None or row.run_id is None:
+        return None
+    if row.holder != f"{row.dag_id}/{row.run_id}":  # a holder that is not this query run's Airflow DAG run
+        return None
+    try:
+        state = holder_state(row.dag_id, row.run_id)
+    except Exception:  # noqa: BLE001 - a state we cannot learn is no proof of death: the lock holds
+        return None
+    text = getattr(state, "value", state)  # a DagRunState enum or its plain string
+    return text if isinstance(text, str) and text in ENDED_DAG_RUN_STATES else None
 
 
 def check_lock(conn: Connection, key: RunKey, holder: str) -> None:
