@@ -80,6 +80,9 @@ def sum_reports(batches: list[list[str]]) -> dict[str, Any]:
         for o in data["outcomes"]:
             if o["skipped"]:
                 print(f"{o['table']} {o['partition']}: {o['skipped']}")
+            elif o.get("waits"):
+                print(f"{o['table']} {o['partition']}: promoted {o['files_promoted']} file(s); the rewrite waits: "
+                      f"{o['waits']}")
     print(f"compacted {total['partitions']} partition(s): {total['files_in']} file(s) in, {total['files_out']} out; "
           f"{total['rows_in']:,} rows in, {total['rows_out']:,} out; {total['duplicates_removed']:,} duplicates "
           f"removed; {total['files_promoted']} file(s) ({total['rows_promoted']:,} rows) promoted to L1 in place, "
