@@ -26,6 +26,7 @@ next compaction or persist (`persist.sweep_compaction_strays`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -342,6 +343,21 @@ def _promotions_alone(chunks: Sequence[ChunkRow], candidates: Sequence[ChunkRow]
     return PartitionPlan(db_id, first.table, first.table_id, first.partition, first.partition_id, 1, reason, (),
                          (), columns, output_sort_key(partition_key, candidates, columns), tuple(candidates),
                          why=why, waits=trap)
+
+
+NO_REWRITE = "this run makes promotions only (it starts no Spark job); the next run rewrites"
+
+
+def without_rewrite(plan: PartitionPlan) -> PartitionPlan | Skip:
+    """`plan` without its rewrite: its promotions alone (exact on their own, `_promotions_alone` says why; they
+    overlap no file, so none lies in the rewrite's range), or a Skip when it has none."""
+    if not plan.inputs:
+        return plan
+    if not plan.promoted:
+        return Skip(plan.table, plan.partition, f"needs a rewrite: {NO_REWRITE}")
+    why = {c.id: plan.why[c.id] for c in plan.promoted if c.id in plan.why}
+    return dataclasses.replace(plan, reason=f"{plan.reason}; the rewrite waits", inputs=(), slices=(), groups=(),
+                               slice_orders=(), why=why, waits=NO_REWRITE)
 
 
 # --- one slice (runs in a Spark Python worker) ------------------------------------------------------------------
@@ -679,11 +695,14 @@ def compact(
     settings: CompactSettings | None = None,
     progress: Callable[[str], None] | None = None,
     after_slices: Callable[[], None] | None = None,
+    rewrites: bool = True,
 ) -> Report:
     """Compact every partition of `db` (or of `table`, or the one `partition`; `only`: these partition ids) that
     needs it. Each partition's compaction lock is taken first, for the whole run; a partition another compactor
     holds is skipped with a message. All slices of all locked partitions run as ONE call of `run_slices` (one
-    Spark job), then each partition is swapped on its own."""
+    Spark job), then each partition is swapped on its own. `rewrites=False`: promotions only, `run_slices` gets
+    no slice (the `iox_compact` DAG's batch that starts no Spark job); a partition that needs a rewrite promotes
+    what it can alone (`without_rewrite`) and its rewrite waits for a run that rewrites."""
     root = warehouse or default_warehouse()
     settings = settings or CompactSettings.from_env()
     say = progress or (lambda _line: None)
@@ -716,6 +735,8 @@ def compact(
             for pid in locked:
                 sweep_locked_partition(catalog, lock_conn, root, pid)
                 for item in find_work(catalog, lock_conn, db_id, settings, only=[pid]):
+                    if isinstance(item, PartitionPlan) and not rewrites:
+                        item = without_rewrite(item)
                     report.plans.append(item)
                     if isinstance(item, PartitionPlan):
                         plans.append(item)
