@@ -7,9 +7,10 @@ batches of about equal rows; each batch is one mapped spark-submit of `spark_job
 partition needs a rewrite (promotions only: catalog updates), there is no spark-submit: `compact_batch` maps
 over nothing and is skipped, and `promote` makes the promotions in its own process (it is skipped otherwise).
 `report` sums the batches' reports (partitions, files and rows in and out, duplicates removed, files promoted)
-and fails the run if a batch failed. Rerun-safe: a batch compacts what still needs it when it runs, and a partition already compacted has
-nothing left to do. A failed batch changes nothing it did not finish: each partition is swapped in its own catalog
-transaction, after its outputs are written, and a killed job's staged outputs are swept later.
+and fails the run if a batch failed. Rerun-safe: a batch compacts what still needs it when it runs, and a
+partition already compacted has nothing left to do. A failed batch changes nothing it did not finish: each
+partition is swapped in its own catalog transaction, after its outputs are written, and a killed job's staged
+outputs are swept later.
 
 With `iox_persist`: both may run at once. A persist and a compaction's swap take the same partition row lock, so
 they commit one after the other; persist never retires files and compaction never touches ingester chunks; the
