@@ -7,8 +7,9 @@ compaction (one Spark job) and one query per check cover the whole batch. `IOX_C
 scenarios run (default 12 in CI, one batch; the issue's full run is 200 or more), `IOX_COMPACT_BATCH` how many
 share one database (default 12; a Spark job costs about the same whatever its size, so a full run goes faster with
 40), `IOX_COMPACT_SEED` the first seed; a failure
-names the seed and prints its scenario. Each batch also holds `TRAPS` trap scenarios (`trap_scenario`: a rewrite
-in an ingester chunk's order trap beside files to promote), checked by the same before/after queries.
+names the seed and prints its scenario. Each batch also holds `IOX_COMPACT_TRAPS` (default 2) trap scenarios
+(`trap_scenario`: a rewrite in an ingester chunk's order trap beside files to promote), checked by the same
+before/after queries.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def random_scenario(rng: random.Random) -> fz.Scenario:
     return fz.Scenario(tuple(chunks))
 
 
-TRAPS = 2
+TRAPS = int(os.environ.get("IOX_COMPACT_TRAPS", "2"))
 """Trap scenarios added to each batch (`trap_scenario`): a few tables more in the same queries, no Spark job more."""
 
 
