@@ -3,11 +3,14 @@ partition's small L1 files into large L2 files), so queries stop paying for dedu
 
 Every IOX_COMPACT_SCHEDULE (default hourly) `find_work` reads the compaction plan of every database
 (IOX_COMPACT_DATABASES, default all) and splits the partitions that need work into at most IOX_MAX_SPARK_JOBS
-batches of about equal rows; each batch is one mapped spark-submit of `spark_jobs/run_compact.py`; `report` sums
-the batches' reports (partitions, files and rows in and out, duplicates removed) and fails the run if a batch
-failed. Rerun-safe: a batch compacts what still needs it when it runs, and a partition already compacted has
-nothing left to do. A failed batch changes nothing it did not finish: each partition is swapped in its own catalog
-transaction, after its outputs are written, and a killed job's staged outputs are swept later.
+batches of about equal rows; each batch is one mapped spark-submit of `spark_jobs/run_compact.py`. When no
+partition needs a rewrite (promotions only: catalog updates), there is no spark-submit: `compact_batch` maps
+over nothing and is skipped, and `promote` makes the promotions in its own process (it is skipped otherwise).
+`report` sums the batches' reports (partitions, files and rows in and out, duplicates removed, files promoted)
+and fails the run if a batch failed. Rerun-safe: a batch compacts what still needs it when it runs, and a
+partition already compacted has nothing left to do. A failed batch changes nothing it did not finish: each
+partition is swapped in its own catalog transaction, after its outputs are written, and a killed job's staged
+outputs are swept later.
 
 With `iox_persist`: both may run at once. A persist and a compaction's swap take the same partition row lock, so
 they commit one after the other; persist never retires files and compaction never touches ingester chunks; the
@@ -20,7 +23,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, XComArg, task
 from airflow.utils.trigger_rule import TriggerRule
 
 from iox_airflow.operators import IoxSparkSubmitOperator
@@ -47,17 +50,30 @@ with DAG(
     def find_work(**context: Any) -> list[list[str]]:
         from iox_airflow.compaction import batch_args
 
-        return batch_args(AirflowSettings.from_env(), str(context["run_id"]))
+        batches = batch_args(AirflowSettings.from_env(), str(context["run_id"]))
+        context["ti"].xcom_push(key="promote", value=batches.promote)
+        return batches.spark
+
+    @task(retries=SETTINGS.spark_retries, retry_delay=dt.timedelta(seconds=SETTINGS.spark_retry_delay_s))
+    def promote(args: list[str]) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from iox_airflow.compaction import promote_batch
+
+        if not args:
+            raise AirflowSkipException("some partition needs a rewrite: its batch makes the promotions on Spark")
+        return promote_batch(args)
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
-    def report(batches: list[list[str]]) -> dict[str, Any]:
+    def report(batches: list[list[str]], promote_args: list[str]) -> dict[str, Any]:
         from iox_airflow.compaction import sum_reports
 
-        return sum_reports(batches)
+        return sum_reports(batches, promote_args)
 
     found = find_work()
+    promote_only = XComArg(found.operator, key="promote")
     compact_batch = IoxSparkSubmitOperator.partial(
         task_id="compact_batch", application=str(jobs_dir() / "run_compact.py"),
         retries=SETTINGS.spark_retries, retry_delay=dt.timedelta(seconds=SETTINGS.spark_retry_delay_s),
     ).expand(application_args=found)
-    compact_batch >> report(found)
+    [compact_batch, promote(promote_only)] >> report(found, promote_only)

@@ -102,11 +102,24 @@ def first_error(err: Exception) -> str:
 
 def exit_status(work: Callable[[], int]) -> int:
     """A spark-submit job's exit status: `work()`'s, or 1 after printing an IoxError as one clipped paragraph on
-    standard error (what `sparkconf.run_submit` reports to the user)."""
-    from iox_planner.errors import IoxError, clip_message
+    standard error (what `sparkconf.run_submit` reports to the user). A lost or refused catalog connection is 75
+    (CatalogUnavailableError's EX_TEMPFAIL), as the CLI has it: spark-submit passes the Python job's status on, so
+    an Airflow task or a script sees the retryable failure as such. SQLAlchemy's own error (a connection dropped
+    mid-job, outside the places that already convert it) is read the same way, without its traceback."""
+    from iox_planner.catalog.store import catalog_unavailable
+    from iox_planner.errors import CatalogUnavailableError, IoxError, clip_message
 
     try:
         return work()
+    except CatalogUnavailableError as err:
+        print(clip_message(f"error: {err}"), file=sys.stderr)
+        return err.exit_code
     except IoxError as err:
         print(clip_message(f"error: {err}"), file=sys.stderr)
         return 1
+    except Exception as err:
+        lost = catalog_unavailable(err)
+        if lost is None or os.environ.get("IOX_DEBUG"):
+            raise
+        print(clip_message(f"error: {lost}"), file=sys.stderr)
+        return lost.exit_code

@@ -5,7 +5,8 @@
 
 Loads FILE or DIR as `ingest/bulk.py` `bulk_write` does (one Spark task per byte range, one catalog transaction),
 progress on standard error, and writes the chunks it registered as JSON at `--report` (written aside, renamed).
-Exit status 0 on success; on failure a one-paragraph `error: ...` on standard error, status 1, nothing registered.
+Exit status 0 on success; on failure a one-paragraph `error: ...` on standard error, status 1 (75: the catalog
+was unreachable, retry), nothing registered.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ under `IOX_RUNNER=spark-submit`.
 Compacts the listed partitions of each database (or whatever of one database, table or partition needs it) (`ingest/compact.py`: each partition's compaction lock, one Spark
 job for all slices of a database, one catalog transaction per partition) and writes the run's report (partitions,
 files and rows in and out, duplicates removed, each partition's outcome) as JSON at `--metrics`, written aside and
-renamed. Exit status 0 on success; on failure a one-paragraph `error: ...` on standard error and status 1, with
-every swap not yet done left undone (the catalog as it was for those partitions).
+renamed. Exit status 0 on success; on failure a one-paragraph `error: ...` on standard error and status 1 (75
+when the catalog's Postgres was unreachable or dropped the connection: retry), with every swap not yet done left
+undone (the catalog as it was for those partitions).
 """
 
 from __future__ import annotations

@@ -244,3 +244,44 @@ def test_a_promoted_file_retired_meanwhile_makes_the_swap_skip(catalog: Catalog,
     del before["F2"]
     assert _files(catalog, db) == before  # every other file as it was: still L0, still live
     assert set(warehouse.rglob("*.compacted.parquet")) == staged  # this run's staged outputs were removed
+
+
+def test_a_promotions_only_run_promotes_and_leaves_the_rewrite_waiting(catalog: Catalog, db: str,
+                                                                      warehouse: Path) -> None:
+    """`compact(rewrites=False)` (the DAG's batch without Spark, when a persist made a rewrite needed since the
+    batch was planned): the files overlapping nothing become L1, the files to rewrite stay as they were, the
+    report says the rewrite waits; a later run with rewrites does the rest."""
+    _hours_with_late_writes(catalog, db)
+    before = _files(catalog, db)
+
+    def no_spark(tasks: Sequence[SliceTask], root: Path) -> list[SliceResult]:
+        assert not tasks, "a promotions-only run planned a rewrite"
+        return []
+
+    report = compact(catalog, db, no_spark, warehouse=warehouse, settings=CompactSettings(), rewrites=False)
+    [outcome] = report.outcomes
+    assert outcome.skipped is None and outcome.waits and "promotions only" in outcome.waits
+    assert (outcome.files_in, outcome.files_promoted) == (0, 4)
+    after = _files(catalog, db)
+    assert after == {k: (p, o, 1 if k in ("F0", "F2", "F3", "F5") else lvl) for k, (p, o, lvl) in before.items()}
+    rest = compact(catalog, db, _in_process, warehouse=warehouse, settings=CompactSettings())
+    assert rest.totals()["files_in"] == 4 and rest.totals()["files_promoted"] == 0
+
+
+def test_a_trapped_rewrite_waits_and_its_promotions_go_ahead(catalog: Catalog, db: str, warehouse: Path) -> None:
+    """F1 and F3 overlap with ingester chunk I2 between their orders (the trap): they wait, while F4, which
+    overlaps nothing, is promoted; the dry run and the report both say the rewrite waits and why."""
+    load_scenario(catalog, parse_scenario({"chunks": [
+        {"id": "F1", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {T0}"},
+        {"id": "I2", "kind": "ingester", "order": 2, "lines": f"m,t=a f=2 {T0}"},
+        {"id": "F3", "kind": "parquet", "order": 3, "lines": f"m,t=a f=3 {T0}"},
+        {"id": "F4", "kind": "parquet", "order": 4, "lines": f"m,t=a f=4 {T0 + H}"},
+    ]}), db)
+    before = _files(catalog, db)
+    [plan] = dry_run(catalog, db, settings=CompactSettings())
+    assert isinstance(plan, PartitionPlan) and not plan.inputs and [c.display_id for c in plan.promoted] == ["F4"]
+    assert "the rewrite waits: ingester chunk I2" in "\n".join(describe_plan(plan))
+    report = compact(catalog, db, _in_process, warehouse=warehouse, settings=CompactSettings())
+    [outcome] = report.outcomes
+    assert outcome.skipped is None and "ingester chunk I2" in (outcome.waits or "") and outcome.files_promoted == 1
+    assert _files(catalog, db) == {**before, "F4": (before["F4"][0], 4, 1)}

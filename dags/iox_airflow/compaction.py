@@ -1,10 +1,12 @@
 """The `iox_compact` DAG's steps: find the partitions that need compaction and batch them for at most
-IOX_MAX_SPARK_JOBS Spark jobs; sum the batches' reports."""
+IOX_MAX_SPARK_JOBS Spark jobs (or, when none needs a rewrite, one in-process batch of promotions: no Spark job);
+sum the batches' reports."""
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +19,20 @@ def report_folder(run_id: str) -> Path:
     return state_dir() / "compact" / re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:200]
 
 
-def batch_args(settings: AirflowSettings, run_id: str) -> list[list[str]]:
+@dataclass(frozen=True)
+class Batches:
+    """What `find_work` hands on: the spark-submit argument lists, and the argument list of the in-process batch
+    of promotions (the same form; empty when there is none)."""
+
+    spark: list[list[str]]
+    promote: list[str]
+
+
+def batch_args(settings: AirflowSettings, run_id: str) -> Batches:
     """One spark-submit argument list per batch: `--metrics <report> --target DB=PID,PID ...`. Partitions go to
-    the batch with the fewest rows so far, largest first, so batches take about equal time."""
+    the batch with the fewest rows so far, largest first, so batches take about equal time. When no partition
+    needs a rewrite, the one batch is `promote` instead: promotions are catalog updates, and a spark-submit (a
+    JVM start, ten seconds or more) would start no Spark job anyway."""
     from iox_planner.catalog.store import Catalog
     from iox_planner.ingest.compact import PartitionPlan, describe_plan, dry_run
 
@@ -38,7 +51,7 @@ def batch_args(settings: AirflowSettings, run_id: str) -> list[list[str]]:
         catalog.dispose()
     if not work:
         print("nothing to compact")
-        return []
+        return Batches([], [])
     # Partitions needing promotions only (no rows to rewrite) cost a batch no Spark task: they ride along with the
     # others and make no extra spark-submit of their own.
     count = min(settings.max_spark_jobs, max(1, sum(1 for rows, _, _ in work if rows > 0)))
@@ -56,20 +69,63 @@ def batch_args(settings: AirflowSettings, run_id: str) -> list[list[str]]:
         for db, pids in sorted(group.items()):
             args += ["--target", f"{db}={','.join(str(p) for p in sorted(pids))}"]
         out.append(args)
+    if not any(rows > 0 for rows, _, _ in work):
+        print(f"{len(work)} partition(s) to compact, promotions only: no Spark job")
+        return Batches([], out[0])
     print(f"{len(work)} partition(s) to compact in {count} Spark job(s)")
-    return out
+    return Batches(out, [])
 
 
-def sum_reports(batches: list[list[str]]) -> dict[str, Any]:
-    """The run's report: the batches' totals summed and printed. A batch without a report failed: the run fails
-    after reporting the others (their swaps are done and stay)."""
+def promote_batch(args: list[str]) -> dict[str, Any]:
+    """Run a promotions-only batch in this process (`batch_args`' `promote`): each partition's promotions as
+    `iox-batch compact` makes them (its compaction lock, one catalog transaction), the report written where a
+    spark-submit batch writes its own. A partition that needs a rewrite by now (a persist since `find_work`)
+    promotes what it can and its rewrite waits for the next run: this task starts no Spark job."""
+    import json
+    import os
+
+    from iox_planner.catalog.store import Catalog
+    from iox_planner.ingest.compact import Report, compact, report_dict
+    from spark_jobs.run_compact import parse_target
+
+    out = Path(args[args.index("--metrics") + 1])
+    out.unlink(missing_ok=True)  # a report of an earlier try must not stand for this one
+    targets = [parse_target(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "--target"]
+    catalog = Catalog()
+    total = Report()
+    try:
+        catalog.require_schema()
+        for db, pids in targets:
+            report = compact(catalog, db, _no_spark, only=pids, rewrites=False,
+                             progress=lambda line, db=db: print(f"{db}: {line}", flush=True))
+            total.outcomes.extend(report.outcomes)
+    finally:
+        catalog.dispose()
+    data = report_dict(total)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, out)
+    return data
+
+
+def _no_spark(tasks: Any, root: Any) -> Any:
+    from iox_planner.errors import InternalError
+
+    if tasks:  # compact(rewrites=False) plans no slice
+        raise InternalError(f"a promotions-only batch planned {len(tasks)} slice(s) to rewrite")
+    return []
+
+
+def sum_reports(batches: list[list[str]], promote: list[str] | None = None) -> dict[str, Any]:
+    """The run's report: the batches' totals (and the promotions-only batch's) summed and printed. A batch without
+    a report failed: the run fails after reporting the others (their swaps are done and stay)."""
     from iox_planner.errors import IoxError
 
     keys = ("partitions", "skipped", "files_in", "files_out", "rows_in", "rows_out", "duplicates_removed",
             "files_promoted", "rows_promoted")
     total = dict.fromkeys(keys, 0)
     failed = []
-    for args in batches:
+    for args in [*batches, *([promote] if promote else [])]:
         path = Path(args[args.index("--metrics") + 1])
         if not path.is_file():
             failed.append(path.stem)
@@ -80,6 +136,9 @@ def sum_reports(batches: list[list[str]]) -> dict[str, Any]:
         for o in data["outcomes"]:
             if o["skipped"]:
                 print(f"{o['table']} {o['partition']}: {o['skipped']}")
+            elif o.get("waits"):
+                print(f"{o['table']} {o['partition']}: promoted {o['files_promoted']} file(s); the rewrite waits: "
+                      f"{o['waits']}")
     print(f"compacted {total['partitions']} partition(s): {total['files_in']} file(s) in, {total['files_out']} out; "
           f"{total['rows_in']:,} rows in, {total['rows_out']:,} out; {total['duplicates_removed']:,} duplicates "
           f"removed; {total['files_promoted']} file(s) ({total['rows_promoted']:,} rows) promoted to L1 in place, "

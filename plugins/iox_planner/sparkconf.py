@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from iox_planner.config import project_root
-from iox_planner.errors import BadInputError, IoxError
+from iox_planner.errors import BadInputError, CatalogUnavailableError, IoxError
 
 DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.session.timeZone": "UTC",
@@ -116,13 +116,15 @@ def spark_submit_command(job: str, args: Sequence[str], *, fast_start: bool = Fa
 
 def run_submit(command: Sequence[str], what: str = "spark-submit") -> None:
     """Run a spark-submit command with iox-batch's Spark environment; a failure becomes the job's own one-paragraph
-    error (its last `error: ` line), or `what` failed with the tail of its standard error."""
+    error (its last `error: ` line), or `what` failed with the tail of its standard error. A job's exit 75 (it lost
+    the catalog, `spark_jobs/errors.py` `exit_status`) stays the retryable CatalogUnavailableError (exit 75)."""
     done = subprocess.run(list(command), capture_output=True, text=True, env={**os.environ, **spark_env()})
     if done.returncode != 0:
         errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
         # spark-submit runs a Python job with its standard error merged into its standard output.
         errors = errors or [line for line in done.stdout.splitlines() if line.startswith("error: ")]
+        error = CatalogUnavailableError if done.returncode == CatalogUnavailableError.exit_code else IoxError
         if errors:
-            raise IoxError(errors[-1][len("error: "):])
+            raise error(errors[-1][len("error: "):])
         tail = " ".join(done.stderr.strip().splitlines()[-5:])
         raise IoxError(f"{what} failed (exit {done.returncode}): {tail}")

@@ -39,7 +39,8 @@ def test_iox_compact_compacts_a_loaded_database_and_a_second_run_does_nothing(
     [first] = dag_runner.run([{"dag_id": "iox_compact"}], env=env)
     assert first["state"] == "success", first["log"][-4000:]
     assert first["tasks"] == {"find_work": "success", "compact_batch[0]": "success", "compact_batch[1]": "success",
-                              "report": "success"}, first["tasks"]
+                              "promote": "skipped", "report": "success"}, first["tasks"]
+    assert "Spark-Submit cmd" in first["log"]  # the log the promotions-only test reads shows a spark-submit so
     live = live_chunks(catalog, db)
     assert {(c["partition_key"], c["compaction_level"]) for c in live} == {("2024-01-01", 1), ("2024-01-02", 1)}
     warehouse = Path(__import__("os").environ["IOX_WAREHOUSE"])
@@ -60,3 +61,24 @@ def test_iox_compact_compacts_a_loaded_database_and_a_second_run_does_nothing(
     assert not [t for t, state in second["tasks"].items() if t.startswith("compact_batch") and state == "success"]
     after = (sorted(map(str, live_chunks(catalog, db))), tree_digest(warehouse / str(live[0]["path"]).split("/")[0]))
     assert after == before
+
+
+def test_iox_compact_makes_promotions_only_without_a_spark_submit(
+        dag_runner: DagRunner, catalog: Catalog, db: str) -> None:
+    """Every partition needs promotions only (files overlapping nothing): the run starts no spark-submit
+    (`compact_batch` maps over nothing and is skipped; `promote` makes the promotions in its own process), and the
+    files are L1 in place, reported as before."""
+    chunks = [{"id": f"F{k}", "kind": "parquet", "order": k,
+               "lines": f"cpu,host=h{k} usage={k} {T0 + (k % 2) * DAY + k * 3600 * 10**9}"} for k in range(1, 4)]
+    load_scenario(catalog, parse_scenario({"chunks": chunks}), db)
+    before = {c["label"]: (c["path"], c["chunk_order"], c["compaction_level"]) for c in live_chunks(catalog, db)}
+    assert {v[2] for v in before.values()} == {0}
+    [run] = dag_runner.run([{"dag_id": "iox_compact"}], env={"IOX_COMPACT_DATABASES": db})
+    assert run["state"] == "success", run["log"][-4000:]
+    assert run["tasks"] == {"find_work": "success", "compact_batch": "skipped", "promote": "success",
+                            "report": "success"}, run["tasks"]
+    assert "Spark-Submit cmd" not in run["log"]  # what SparkSubmitHook logs as it starts one
+    after = {c["label"]: (c["path"], c["chunk_order"], c["compaction_level"]) for c in live_chunks(catalog, db)}
+    assert after == {k: (path, order, 1) for k, (path, order, _) in before.items()}
+    assert "compacted 2 partition(s): 0 file(s) in, 0 out" in run["log"]
+    assert "3 file(s) (3 rows) promoted to L1 in place" in run["log"]

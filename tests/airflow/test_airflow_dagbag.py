@@ -74,7 +74,7 @@ def test_every_dag_loads_without_import_errors_and_without_a_database(airflow_en
     assert persist["tasks"]["persist_table"]["mapped"]
 
     compact = dags["iox_compact"]
-    assert list(compact["tasks"]) == ["find_work", "compact_batch", "report"]
+    assert list(compact["tasks"]) == ["find_work", "compact_batch", "promote", "report"]
     assert compact["tasks"]["compact_batch"]["mapped"] and compact["tasks"]["report"]["trigger_rule"] == "all_done"
     # One level (cpu_hourly reads no registered table): find, then the stale intervals as mapped tasks.
     refresh = dags["iox_refresh"]

@@ -7,7 +7,9 @@ compaction (one Spark job) and one query per check cover the whole batch. `IOX_C
 scenarios run (default 12 in CI, one batch; the issue's full run is 200 or more), `IOX_COMPACT_BATCH` how many
 share one database (default 12; a Spark job costs about the same whatever its size, so a full run goes faster with
 40), `IOX_COMPACT_SEED` the first seed; a failure
-names the seed and prints its scenario.
+names the seed and prints its scenario. Each batch also holds `IOX_COMPACT_TRAPS` (default 2) trap scenarios
+(`trap_scenario`: a rewrite in an ingester chunk's order trap beside files to promote), checked by the same
+before/after queries.
 """
 
 from __future__ import annotations
@@ -81,6 +83,49 @@ def random_scenario(rng: random.Random) -> fz.Scenario:
     return fz.Scenario(tuple(chunks))
 
 
+TRAPS = int(os.environ.get("IOX_COMPACT_TRAPS", "2"))
+"""Trap scenarios added to each batch (`trap_scenario`): a few tables more in the same queries, no Spark job more."""
+
+
+def trap_scenario(rng: random.Random) -> fz.Scenario:
+    """One day-0 partition whose rewrite hits the order trap, with files to promote: `TA` and `TB` (Parquet) and
+    `TI` (an ingester chunk, order between theirs) share a time, so their rewrite must wait for persist; random
+    Parquet and ingester chunks at any order crowd the same early seconds; the `P<k>` files (1 to 3, at any order)
+    lie 20 s and more later, overlapping no file (so they are promoted alone) but sometimes an ingester chunk
+    (`J<k>`, older or newer, same series) that the dedup must still merge with them exactly as before."""
+    early = fz.TIMES[:5]
+    kinds = ["TA", "TI", "TB"] + [rng.choice(("F", "I")) + str(n) for n in range(rng.randint(0, 3))]
+    promoted = [f"P{k}" for k in range(rng.randint(1, 3))]
+    late = [f"J{k}" for k in range(len(promoted)) if rng.random() < 0.5]
+    names = kinds + promoted + late
+    rng.shuffle(names)
+    # TA before TI before TB in order; everything else anywhere.
+    trap = iter(["TA", "TI", "TB"])
+    names = [next(trap) if n in ("TA", "TI", "TB") else n for n in names]
+    shared = rng.choice(early)
+    chunks = []
+    for order, name in enumerate(["C0", *names], start=1):
+        kind = "ingester" if name[0] in "IJ" or name == "TI" else "parquet"
+        points = []
+        if name == "C0":  # every column, so the table's columns are the same whatever the draw
+            points.append(fz.Point((("t1", "a"), ("t2", "p")), tuple((f, fz._random_value(rng, t))
+                                                                     for f, t in fz.FIELDS.items()), shared))
+        elif name[0] in "PJ":
+            k = int(name[1:])
+            base = T0 + (20 + 10 * k) * S
+            for n in range(rng.randint(1, 3)):
+                points.append(fz.Point((("t1", rng.choice(("a", "b"))), ("t2", "p")),
+                                       (("f", fz._random_value(rng, "float")),), base + n))
+        else:
+            times = [shared] if name.startswith("T") else [rng.choice(early)]
+            for time in times + [rng.choice(early) for _ in range(rng.randint(0, 2))]:
+                field = rng.choice(list(fz.FIELDS))
+                points.append(fz.Point((("t1", rng.choice(("a", "b", None))), ("t2", "p")),
+                                       ((field, fz._random_value(rng, fz.FIELDS[field])),), time))
+        chunks.append(fz.ChunkSpec(name, kind, order, tuple(points)))
+    return fz.Scenario(tuple(chunks))
+
+
 def entries(scenarios: list[fz.Scenario]) -> list[dict[str, Any]]:
     """One table per scenario (`m<k>`), orders kept apart per table so each scenario's order relations hold."""
     out = []
@@ -139,8 +184,11 @@ def test_differential(spark: Any, catalog: Catalog, db: str, warehouse: Path, ba
     seeds = [FIRST_SEED + batch * BATCH + i for i in range(BATCH)]
     seeds = [s for s in seeds if s < FIRST_SEED + max(SCENARIOS, 1)]
     scenarios = [random_scenario(random.Random(s)) for s in seeds]
+    traps = [trap_scenario(random.Random(f"trap-{seeds[0]}-{i}")) for i in range(TRAPS)]
+    trap_tables = [f"m{len(scenarios) + i}" for i in range(TRAPS)]
+    scenarios += traps
     load(catalog, db, entries(scenarios))
-    where = "seeds " + ", ".join(map(str, seeds))
+    where = f"seeds {', '.join(map(str, seeds))} (traps: trap-{seeds[0]}-0..{TRAPS - 1})"
     before = snapshot(spark, catalog, db, len(scenarios))
     # A tiny row budget on even batches (CI runs batch 0): partitions are compacted in several time slices.
     budget = 3 if batch % 2 == 0 else 1000
@@ -156,6 +204,19 @@ def test_differential(spark: Any, catalog: Catalog, db: str, warehouse: Path, ba
     for c in promoted:
         assert c.path in live and (live[c.path]["chunk_order"], live[c.path]["compaction_level"]) == (c.order, 1)
     assert not [c for c in chunks if c["kind"] == "parquet" and c["compaction_level"] == 2]
+    # The trap tables: the trapped files wait as they were (live, L0), the files overlapping nothing were promoted
+    # alone, and the report says the rewrite waits.
+    for k, (table, sc) in enumerate(zip(trap_tables, traps)):
+        mine = {c["label"]: c for c in chunks if c["table_name"] == table}
+        label = f"S{len(scenarios) - TRAPS + k}"
+        for c in sc.chunks:
+            level = mine[label + c.id].get("compaction_level")
+            if c.id in ("TA", "TB"):
+                assert level == 0, f"{where}: {table} {c.id} was rewritten past the order trap\n{sc.describe()}"
+            elif c.id.startswith("P"):
+                assert level == 1, f"{where}: {table} {c.id} was not promoted\n{sc.describe()}"
+        [waited] = [o for o in hot.outcomes if o.table == table]
+        assert waited.skipped is None and "ingester chunk" in (waited.waits or ""), (where, waited)
     for name, rows in snapshot(spark, catalog, db, len(scenarios)).items():
         assert rows == before[name], f"{where}: query {name!r} changed by hot compaction\n" + "\n".join(
             sc.describe() for sc in scenarios)

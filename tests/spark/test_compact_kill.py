@@ -120,3 +120,28 @@ def test_killed_compaction_then_rerun(spark: Any, catalog: Catalog, db: str, war
     assert on_disk == named, on_disk ^ named
     print(f"kill {kill}: {moment}; catalog {'swapped' if after != before else 'as before'}; rows equal; "
           f"{strays} stray file(s) left by the kill, swept by the rerun, which compacted")
+
+
+def test_the_spark_submit_job_exits_75_when_the_catalog_is_unreachable(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real spark-submit of `run_compact.py` against a catalog URL where no Postgres listens (a port just freed):
+    exit 75, the retryable status every other entry point gives a lost catalog, so the DAG's retries are meant;
+    one `error: ` paragraph, no traceback, no report."""
+    import socket
+
+    from iox_planner.sparkconf import spark_env, spark_submit_command
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("IOX_CATALOG_URL", f"postgresql+psycopg2://iox@127.0.0.1:{port}/iox")
+    monkeypatch.setenv("IOX_SPARK_MASTER", "local[1]")
+    report = tmp_path / "report.json"
+    command = spark_submit_command("run_compact.py", ["--metrics", str(report), "--target", "somedb=1"],
+                                   fast_start=True)
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **spark_env()}, timeout=300)
+    output = done.stdout + done.stderr
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert done.returncode == 75, output[-3000:]
+    assert len(errors) == 1 and "cannot reach the catalog" in errors[0] and f":{port}/" in errors[0], output[-3000:]
+    assert "Traceback" not in output and not report.exists()

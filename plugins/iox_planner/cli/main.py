@@ -130,6 +130,9 @@ def cmd_compact(args: argparse.Namespace) -> int:
     for o in t["outcomes"]:
         if o["skipped"] is not None:
             out.print(f"{o['table']} {o['partition']}: {o['skipped']}", markup=False)
+        elif o.get("waits"):
+            out.print(f"{o['table']} {o['partition']}: promoted {o['files_promoted']} file(s); the rewrite waits: "
+                      f"{o['waits']}", markup=False)
     if not t["outcomes"]:
         out.print("nothing to compact")
     else:

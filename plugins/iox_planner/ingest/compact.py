@@ -12,7 +12,8 @@ Exactness: the inputs are merged with PRODUCT.md's dedup (`files.deduplicate`), 
 the planner's rule; rows of different nanoseconds are never duplicates, so slices merge alone) and every output
 takes the newest input's order. That is only right when no chunk left outside has an order between the inputs'
 orders and a time range overlapping them (the merge would lift old input rows above it): such a file is pulled
-into the compaction, such an ingester chunk (persist's job, never ours) makes the partition wait.
+into the compaction, such an ingester chunk (persist's job, never ours) makes the partition's rewrite wait;
+its promotions, which give no row a new order, go ahead alone (`_promotions_alone` says why that is exact).
 
 Atomicity: one partition's outputs are staged as `<uuid>.compacted.parquet` files, then ONE transaction re-checks
 that the inputs are still live and nothing misordered appeared, registers the outputs and retires the inputs (the
@@ -25,6 +26,7 @@ next compaction or persist (`persist.sweep_compaction_strays`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +111,9 @@ class PartitionPlan:
     """Each slice's output order: the newest input of the slice's group (empty: `order` for every slice)."""
     why: Mapping[int, str] = field(default_factory=dict)
     """Chunk id -> why that file is rewritten or promoted (the dry run's words)."""
+    waits: str | None = None
+    """Why the partition's rewrite waits (an ingester chunk in a rewrite group's order trap) while its promotions
+    go ahead alone; None when nothing waits."""
 
     @property
     def order(self) -> int:
@@ -237,7 +242,9 @@ def plan_partition(chunks: Sequence[ChunkRow], quiet_seconds: float, settings: C
     """The compaction one partition needs now (hot first, cold when quiet), a Skip, or None for no work.
 
     Hot: the L0 files overlapping no other file are promoted to L1 in the catalog (no Spark, no rewrite); the
-    rest are rewritten into L1 files, in independent groups (`rewrite_groups`)."""
+    rest are rewritten into L1 files, in independent groups (`rewrite_groups`). When a group is in an ingester
+    chunk's order trap, the rewrite waits and the promotions go ahead alone (`_promotions_alone`); with nothing to
+    promote, the partition waits (a Skip)."""
     files = [c for c in chunks if c.kind is ChunkKind.PARQUET]
     if not chunks:
         return None
@@ -252,8 +259,11 @@ def plan_partition(chunks: Sequence[ChunkRow], quiet_seconds: float, settings: C
         promotable_ids = {c.id for c in candidates}
         seeds = [c for c in l0 if c.id not in promotable_ids]
         groups = rewrite_groups(seeds, chunks, candidates)
-        if isinstance(groups, str):
+        if isinstance(groups, str) and not candidates:
             return Skip(first.table, first.partition, groups)
+        if isinstance(groups, str):
+            return _promotions_alone(chunks, candidates, len(l0), len(seeds), groups, partition_key, table_columns,
+                                     db_id)
         rewritten = {c.id for g in groups for c in g}
         promoted = [c for c in candidates if c.id not in rewritten]
         original = {c.id: c for c in files}
@@ -308,6 +318,46 @@ def plan_partition(chunks: Sequence[ChunkRow], quiet_seconds: float, settings: C
     return PartitionPlan(db_id, first.table, first.table_id, first.partition, first.partition_id, level, reason,
                          tuple(inputs), tuple(slices), columns, output_sort_key(partition_key, described, columns),
                          tuple(promoted), tuple(tuple(c.id for c in g) for g in groups), tuple(orders), why)
+
+
+def _promotions_alone(chunks: Sequence[ChunkRow], candidates: Sequence[ChunkRow], l0_count: int, seeds: int,
+                      trap: str, partition_key: Sequence[str] | None, table_columns: Mapping[str, ColumnType],
+                      db_id: int) -> PartitionPlan:
+    """The plan of a partition whose rewrite must wait for persist (`trap`, an ingester chunk in a rewrite group's
+    order trap): its promotions only, every candidate, the rewrite left for a later run.
+
+    Why a promotion cannot change any query's answer, trap or not: it updates one catalog column, the file's
+    level. The file, its rows, its time range and its order stay; a query's answer depends on which chunks are
+    live, their rows and their orders (the dedup keeps the newest order's values), and the planner reads no level.
+    The trap is a rewrite's hazard only: a rewrite's output takes its newest input's order, which would lift the
+    older inputs' rows above the ingester chunk between them; a promotion gives no row a new order. And the level
+    invariant holds: a candidate overlaps no other live Parquet file (`promotable`), so no two L1 files overlap
+    after it. When the trap clears, the waiting rewrite pulls in any promoted file its range reaches (an L1 file
+    of its output level), exactly as it does a candidate now (`rewrite_groups`)."""
+    first = chunks[0]
+    columns = {name: table_columns[name] for c in candidates for name in c.column_names if name in table_columns}
+    columns[TIME] = ColumnType.TIME
+    why = {c.id: "promoted: overlaps no other file (already sorted and duplicate-free)" for c in candidates}
+    reason = (f"hot: {l0_count} L0 file{'' if l0_count == 1 else 's'}: {len(candidates)} promoted to L1, the "
+              f"rewrite of {seeds} waits")
+    return PartitionPlan(db_id, first.table, first.table_id, first.partition, first.partition_id, 1, reason, (),
+                         (), columns, output_sort_key(partition_key, candidates, columns), tuple(candidates),
+                         why=why, waits=trap)
+
+
+NO_REWRITE = "this run makes promotions only (it starts no Spark job); the next run rewrites"
+
+
+def without_rewrite(plan: PartitionPlan) -> PartitionPlan | Skip:
+    """`plan` without its rewrite: its promotions alone (exact on their own, `_promotions_alone` says why; they
+    overlap no file, so none lies in the rewrite's range), or a Skip when it has none."""
+    if not plan.inputs:
+        return plan
+    if not plan.promoted:
+        return Skip(plan.table, plan.partition, f"needs a rewrite: {NO_REWRITE}")
+    why = {c.id: plan.why[c.id] for c in plan.promoted if c.id in plan.why}
+    return dataclasses.replace(plan, reason=f"{plan.reason}; the rewrite waits", inputs=(), slices=(), groups=(),
+                               slice_orders=(), why=why, waits=NO_REWRITE)
 
 
 # --- one slice (runs in a Spark Python worker) ------------------------------------------------------------------
@@ -422,6 +472,8 @@ class Outcome:
     files_promoted: int = 0
     """L0 files made L1 in place: not in files_in/rows_in, which count rewritten files only."""
     rows_promoted: int = 0
+    waits: str | None = None
+    """Done, but the partition's rewrite waits (`PartitionPlan.waits`): its promotions only were made."""
 
     @property
     def duplicates_removed(self) -> int:
@@ -500,7 +552,7 @@ def swap(catalog: Catalog, conn: sa.Connection, session: int, plan: PartitionPla
         raise
     return Outcome(plan.table, plan.partition, plan.level, len(plan.inputs), len(written),
                    sum(r.rows_in for r in results), sum(r.rows_out for r in results), None,
-                   len(plan.promoted), plan.rows_promoted)
+                   len(plan.promoted), plan.rows_promoted, plan.waits)
 
 
 def _recheck_groups(plan: PartitionPlan, live: Sequence[ChunkRow]) -> None:
@@ -643,11 +695,14 @@ def compact(
     settings: CompactSettings | None = None,
     progress: Callable[[str], None] | None = None,
     after_slices: Callable[[], None] | None = None,
+    rewrites: bool = True,
 ) -> Report:
     """Compact every partition of `db` (or of `table`, or the one `partition`; `only`: these partition ids) that
     needs it. Each partition's compaction lock is taken first, for the whole run; a partition another compactor
     holds is skipped with a message. All slices of all locked partitions run as ONE call of `run_slices` (one
-    Spark job), then each partition is swapped on its own."""
+    Spark job), then each partition is swapped on its own. `rewrites=False`: promotions only, `run_slices` gets
+    no slice (the `iox_compact` DAG's batch that starts no Spark job); a partition that needs a rewrite promotes
+    what it can alone (`without_rewrite`) and its rewrite waits for a run that rewrites."""
     root = warehouse or default_warehouse()
     settings = settings or CompactSettings.from_env()
     say = progress or (lambda _line: None)
@@ -680,6 +735,8 @@ def compact(
             for pid in locked:
                 sweep_locked_partition(catalog, lock_conn, root, pid)
                 for item in find_work(catalog, lock_conn, db_id, settings, only=[pid]):
+                    if isinstance(item, PartitionPlan) and not rewrites:
+                        item = without_rewrite(item)
                     report.plans.append(item)
                     if isinstance(item, PartitionPlan):
                         plans.append(item)
@@ -708,7 +765,8 @@ def compact(
                 what = outcome.skipped or (
                     f"L{p.level}: {outcome.files_in} file(s), {outcome.rows_in:,} rows -> {outcome.files_out} "
                     f"file(s), {outcome.rows_out:,} rows ({outcome.duplicates_removed:,} duplicates removed); "
-                    f"{outcome.files_promoted} file(s), {outcome.rows_promoted:,} rows promoted in place")
+                    f"{outcome.files_promoted} file(s), {outcome.rows_promoted:,} rows promoted in place"
+                    + (f"; the rewrite waits: {outcome.waits}" if outcome.waits else ""))
                 say(f"[{i + 1}/{len(plans)}] {p.table} {p.partition}: {what}")
         finally:
             # A session that died released its locks with it; its connection may not answer (or reconnect without
@@ -735,6 +793,8 @@ def describe_plan(item: PartitionPlan | Skip) -> list[str]:
         lines.append(f"  in  {c.display_id} L{c.level} order {c.order}, {c.row_count:,} rows, "
                      f"{format_time(c.min_time)} .. {format_time(c.max_time)}"
                      + (f"; {item.why[c.id]}" if c.id in item.why else ""))
+    if item.waits:
+        lines.append(f"  the rewrite waits: {item.waits}")
     for c in item.promoted:
         lines.append(f"  promote {c.display_id} L{c.level} -> L{item.level} order {c.order}, {c.row_count:,} rows, "
                      f"{format_time(c.min_time)} .. {format_time(c.max_time)}; {item.why.get(c.id, 'promoted')}")
@@ -765,5 +825,6 @@ def report_dict(report: Report) -> dict[str, Any]:
     return {**report.totals(), "outcomes": [
         {"table": o.table, "partition": o.partition, "level": o.level, "files_in": o.files_in,
          "files_out": o.files_out, "rows_in": o.rows_in, "rows_out": o.rows_out,
-         "files_promoted": o.files_promoted, "rows_promoted": o.rows_promoted, "skipped": o.skipped}
+         "files_promoted": o.files_promoted, "rows_promoted": o.rows_promoted, "skipped": o.skipped,
+         "waits": o.waits}
         for o in report.outcomes]}
