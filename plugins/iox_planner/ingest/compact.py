@@ -13,7 +13,7 @@ the planner's rule; rows of different nanoseconds are never duplicates, so slice
 takes the newest input's order. That is only right when no chunk left outside has an order between the inputs'
 orders and a time range overlapping them (the merge would lift old input rows above it): such a file is pulled
 into the compaction, such an ingester chunk (persist's job, never ours) makes the partition's rewrite wait;
-its promotions, which give no row a new order, go ahead alone (`_promotions_alone` says why that is exact).
+its promotions, which give no row a new order, go ahead alone (`plan_partition` says why that is exact).
 
 Atomicity: one partition's outputs are staged as `<uuid>.compacted.parquet` files, then ONE transaction re-checks
 that the inputs are still live and nothing misordered appeared, registers the outputs and retires the inputs (the
@@ -243,8 +243,17 @@ def plan_partition(chunks: Sequence[ChunkRow], quiet_seconds: float, settings: C
 
     Hot: the L0 files overlapping no other file are promoted to L1 in the catalog (no Spark, no rewrite); the
     rest are rewritten into L1 files, in independent groups (`rewrite_groups`). When a group is in an ingester
-    chunk's order trap, the rewrite waits and the promotions go ahead alone (`_promotions_alone`); with nothing to
-    promote, the partition waits (a Skip)."""
+    chunk's order trap (`trap`), the rewrite waits for persist and the promotions go ahead alone (`waits` says
+    why); with nothing to promote, the partition waits (a Skip).
+
+    Why a promotion cannot change any query's answer, trap or not: it updates one catalog column, the file's
+    level. The file, its rows, its time range and its order stay; a query's answer depends on which chunks are
+    live, their rows and their orders (the dedup keeps the newest order's values), and the planner reads no level.
+    The trap is a rewrite's hazard only: a rewrite's output takes its newest input's order, which would lift the
+    older inputs' rows above the ingester chunk between them; a promotion gives no row a new order. And the level
+    invariant holds: a candidate overlaps no other live Parquet file (`promotable`), so no two L1 files overlap
+    after it. When the trap clears, the waiting rewrite pulls in any promoted file its range reaches (an L1 file
+    of its output level), exactly as it does a candidate now (`rewrite_groups`)."""
     files = [c for c in chunks if c.kind is ChunkKind.PARQUET]
     if not chunks:
         return None
@@ -254,22 +263,23 @@ def plan_partition(chunks: Sequence[ChunkRow], quiet_seconds: float, settings: C
     level: int
     candidates = promotable(l0, files)
     why: dict[int, str] = {}
+    waits: str | None = None
     if len(l0) >= 2 or candidates or any(_overlaps(a, b.min_time, b.max_time) for a in l0 for b in l1):
         level = 1
         promotable_ids = {c.id for c in candidates}
         seeds = [c for c in l0 if c.id not in promotable_ids]
         groups = rewrite_groups(seeds, chunks, candidates)
-        if isinstance(groups, str) and not candidates:
-            return Skip(first.table, first.partition, groups)
         if isinstance(groups, str):
-            return _promotions_alone(chunks, candidates, len(l0), len(seeds), groups, partition_key, table_columns,
-                                     db_id)
+            if not candidates:
+                return Skip(first.table, first.partition, groups)
+            waits, groups = groups, []  # the rewrite waits; the promotions go ahead alone (docstring: why exact)
         rewritten = {c.id for g in groups for c in g}
         promoted = [c for c in candidates if c.id not in rewritten]
         original = {c.id: c for c in files}
         groups = [[original[c.id] for c in g] for g in groups]
-        for c in seeds:
-            why[c.id] = "rewritten: overlaps another file"
+        if waits is None:
+            for c in seeds:
+                why[c.id] = "rewritten: overlaps another file"
         for g in groups:
             for c in g:
                 if c.id in why:
@@ -285,8 +295,8 @@ def plan_partition(chunks: Sequence[ChunkRow], quiet_seconds: float, settings: C
             why[c.id] = "promoted: overlaps no other file (already sorted and duplicate-free)"
         pulled = len(rewritten) - len(seeds)
         reason = (f"hot: {len(l0)} L0 file{'' if len(l0) == 1 else 's'}: {len(promoted)} promoted to L1, "
-                  f"{len(seeds)} rewritten"
-                  + (f" (+{pulled} file(s) pulled in)" if pulled else ""))
+                  + (f"the rewrite of {len(seeds)} waits" if waits is not None else f"{len(seeds)} rewritten"
+                     + (f" (+{pulled} file(s) pulled in)" if pulled else "")))
         budget = settings.max_rows
     else:
         small = [c for c in l1 if c.row_count < settings.target_rows]
@@ -317,39 +327,15 @@ def plan_partition(chunks: Sequence[ChunkRow], quiet_seconds: float, settings: C
         orders += [max(c.order for c in g)] * len(cut)
     return PartitionPlan(db_id, first.table, first.table_id, first.partition, first.partition_id, level, reason,
                          tuple(inputs), tuple(slices), columns, output_sort_key(partition_key, described, columns),
-                         tuple(promoted), tuple(tuple(c.id for c in g) for g in groups), tuple(orders), why)
-
-
-def _promotions_alone(chunks: Sequence[ChunkRow], candidates: Sequence[ChunkRow], l0_count: int, seeds: int,
-                      trap: str, partition_key: Sequence[str] | None, table_columns: Mapping[str, ColumnType],
-                      db_id: int) -> PartitionPlan:
-    """The plan of a partition whose rewrite must wait for persist (`trap`, an ingester chunk in a rewrite group's
-    order trap): its promotions only, every candidate, the rewrite left for a later run.
-
-    Why a promotion cannot change any query's answer, trap or not: it updates one catalog column, the file's
-    level. The file, its rows, its time range and its order stay; a query's answer depends on which chunks are
-    live, their rows and their orders (the dedup keeps the newest order's values), and the planner reads no level.
-    The trap is a rewrite's hazard only: a rewrite's output takes its newest input's order, which would lift the
-    older inputs' rows above the ingester chunk between them; a promotion gives no row a new order. And the level
-    invariant holds: a candidate overlaps no other live Parquet file (`promotable`), so no two L1 files overlap
-    after it. When the trap clears, the waiting rewrite pulls in any promoted file its range reaches (an L1 file
-    of its output level), exactly as it does a candidate now (`rewrite_groups`)."""
-    first = chunks[0]
-    columns = {name: table_columns[name] for c in candidates for name in c.column_names if name in table_columns}
-    columns[TIME] = ColumnType.TIME
-    why = {c.id: "promoted: overlaps no other file (already sorted and duplicate-free)" for c in candidates}
-    reason = (f"hot: {l0_count} L0 file{'' if l0_count == 1 else 's'}: {len(candidates)} promoted to L1, the "
-              f"rewrite of {seeds} waits")
-    return PartitionPlan(db_id, first.table, first.table_id, first.partition, first.partition_id, 1, reason, (),
-                         (), columns, output_sort_key(partition_key, candidates, columns), tuple(candidates),
-                         why=why, waits=trap)
+                         tuple(promoted), tuple(tuple(c.id for c in g) for g in groups), tuple(orders), why,
+                         waits=waits)
 
 
 NO_REWRITE = "this run makes promotions only (it starts no Spark job); the next run rewrites"
 
 
 def without_rewrite(plan: PartitionPlan) -> PartitionPlan | Skip:
-    """`plan` without its rewrite: its promotions alone (exact on their own, `_promotions_alone` says why; they
+    """`plan` without its rewrite: its promotions alone (exact on their own, `plan_partition` says why; they
     overlap no file, so none lies in the rewrite's range), or a Skip when it has none."""
     if not plan.inputs:
         return plan
