@@ -19,7 +19,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Sequence
 
 
 def parse_target(text: str) -> tuple[str, list[int]]:
@@ -53,8 +53,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from iox_planner.catalog.store import Catalog
-    from iox_planner.ingest.compact import Report, compact, report_dict
     from spark_jobs.compact_job import spark_slice_runner
     from spark_jobs.session import build_session
 
@@ -64,10 +62,6 @@ def run(args: argparse.Namespace) -> int:
         from iox_planner.catalog.names import check_db_name
 
         check_db_name(args.db)
-    # A report left by an earlier try of this batch (a cleared task) must not stand for this one if it fails.
-    Path(args.metrics).unlink(missing_ok=True)
-    catalog = Catalog()
-    catalog.require_schema()
     sessions: list[Any] = []
 
     def run_slices(tasks: Any, root: Any) -> Any:
@@ -76,20 +70,39 @@ def run(args: argparse.Namespace) -> int:
             sessions.append(build_session(app="iox-batch compact"))
         return spark_slice_runner(sessions[0])(tasks, root)
 
+    compact_batch(targets, Path(args.metrics), run_slices, table=args.table, partition=args.partition)
+    return 0
+
+
+def compact_batch(targets: Sequence[tuple[str, list[int] | None]], metrics: Path, run_slices: Any, *,
+                  table: str | None = None, partition: str | None = None, rewrites: bool = True,
+                  log: IO[str] | None = None) -> dict[str, Any]:
+    """One batch: compact each target database's partitions (`ingest/compact.py` `compact`, with `run_slices` for
+    the rewrites; `rewrites=False`: promotions only) and write the batch's report to `metrics`, aside and renamed.
+    Progress lines go to `log` (default: standard error).
+    Shared by this job and `iox_compact`'s in-process batch of promotions (`dags/iox_airflow/compaction.py`)."""
+    from iox_planner.catalog.store import Catalog
+    from iox_planner.ingest.compact import Report, compact, report_dict
+
+    # A report left by an earlier try of this batch (a cleared task) must not stand for this one if it fails.
+    metrics.unlink(missing_ok=True)
+    out = log or sys.stderr
+    catalog = Catalog()
     total = Report()
     try:
+        catalog.require_schema()
         for db, pids in targets:
-            report = compact(catalog, db, run_slices, only=pids, table=args.table,
-                             partition=args.partition,
-                             progress=lambda line, db=db: print(f"{db}: {line}", file=sys.stderr, flush=True))
+            report = compact(catalog, db, run_slices, only=pids, table=table, partition=partition,
+                             rewrites=rewrites,
+                             progress=lambda line, db=db: print(f"{db}: {line}", file=out, flush=True))
             total.outcomes.extend(report.outcomes)
     finally:
         catalog.dispose()
-    out = Path(args.metrics)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(report_dict(total)))
-    os.replace(tmp, out)
-    return 0
+    data = report_dict(total)
+    tmp = metrics.with_name(f".{metrics.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, metrics)
+    return data
 
 
 if __name__ == "__main__":

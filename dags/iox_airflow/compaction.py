@@ -79,33 +79,17 @@ def batch_args(settings: AirflowSettings, run_id: str) -> Batches:
 def promote_batch(args: list[str]) -> dict[str, Any]:
     """Run a promotions-only batch in this process (`batch_args`' `promote`): each partition's promotions as
     `iox-batch compact` makes them (its compaction lock, one catalog transaction), the report written where a
-    spark-submit batch writes its own. A partition that needs a rewrite by now (a persist since `find_work`)
-    promotes what it can and its rewrite waits for the next run: this task starts no Spark job."""
-    import json
-    import os
+    spark-submit batch writes its own (the same `run_compact.compact_batch`). A partition that needs a rewrite by
+    now (a persist since `find_work`) promotes what it can and its rewrite waits for the next run: this task
+    starts no Spark job."""
+    import sys
 
-    from iox_planner.catalog.store import Catalog
-    from iox_planner.ingest.compact import Report, compact, report_dict
-    from spark_jobs.run_compact import parse_target
+    from spark_jobs.run_compact import compact_batch, parse_target
 
-    out = Path(args[args.index("--metrics") + 1])
-    out.unlink(missing_ok=True)  # a report of an earlier try must not stand for this one
-    targets = [parse_target(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "--target"]
-    catalog = Catalog()
-    total = Report()
-    try:
-        catalog.require_schema()
-        for db, pids in targets:
-            report = compact(catalog, db, _no_spark, only=pids, rewrites=False,
-                             progress=lambda line, db=db: print(f"{db}: {line}", flush=True))
-            total.outcomes.extend(report.outcomes)
-    finally:
-        catalog.dispose()
-    data = report_dict(total)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, out)
-    return data
+    targets: list[tuple[str, list[int] | None]] = [
+        parse_target(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "--target"]
+    return compact_batch(targets, Path(args[args.index("--metrics") + 1]), _no_spark, rewrites=False,
+                         log=sys.stdout)
 
 
 def _no_spark(tasks: Any, root: Any) -> Any:
