@@ -234,13 +234,21 @@ class Catalog:
         return int(conn.execute(sa.select(sa.func.pg_backend_pid())).scalar_one())
 
     def holds_compaction_lock(self, conn: Connection, partition_id: int) -> bool:
-        """Whether the session of `conn` holds the partition's compaction lock now. Postgres shows a bigint
-        advisory key as its high half in `classid`, its low half in `objid`, with `objsubid` 1."""
-        key = COMPACTION_LOCK + partition_id
+        """Whether the session of `conn` holds the partition's compaction lock now."""
+        return self.holds_advisory_lock(conn, COMPACTION_LOCK + partition_id)
+
+    def holds_advisory_lock(self, conn: Connection, key: int | tuple[int, int]) -> bool:
+        """Whether the session of `conn` holds the session advisory lock `key` now: one bigint key, or a pair of
+        int4 keys. Postgres shows a bigint key as its high half in `classid`, its low half in `objid`, with
+        `objsubid` 1; a pair as the two ints' bits (as oids) in `classid` and `objid`, with `objsubid` 2."""
+        if isinstance(key, tuple):
+            hi, lo, sub = key[0] & 0xFFFF_FFFF, key[1] & 0xFFFF_FFFF, 2
+        else:
+            hi, lo, sub = key >> 32, key & 0xFFFF_FFFF, 1
         return conn.execute(sa.text(
             "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
-            "AND pid = pg_backend_pid() AND classid::bigint = :hi AND objid::bigint = :lo AND objsubid = 1)"
-        ).bindparams(hi=key >> 32, lo=key & 0xFFFF_FFFF)).scalar_one() is True
+            "AND pid = pg_backend_pid() AND classid::bigint = :hi AND objid::bigint = :lo AND objsubid = :sub)"
+        ).bindparams(hi=hi, lo=lo, sub=sub)).scalar_one() is True
 
     def compaction_candidates(self, conn: Connection, db_id: int, *, table: str | None = None,
                               partition: str | None = None) -> list[int]:

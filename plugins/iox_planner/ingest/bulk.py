@@ -342,14 +342,9 @@ class _Lock:
 
     def still_held(self, catalog: Catalog) -> bool:
         """Whether the lock's session is still the one serving `conn` and still holds the lock (a dropped
-        connection that reconnected has another session, without it). Postgres shows a two-int4 advisory key as
-        `classid`, `objid` (the int4's bits as an oid) with `objsubid` 2."""
-        if catalog.backend_pid(self.conn) != self.session:
-            return False
-        return self.conn.execute(sa.text(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
-            "AND pid = pg_backend_pid() AND classid::bigint = :hi AND objid::bigint = :lo AND objsubid = 2)"
-        ).bindparams(hi=BULK_LOCK, lo=self.key & 0xFFFF_FFFF)).scalar_one() is True
+        connection that reconnected has another session, without it)."""
+        return (catalog.backend_pid(self.conn) == self.session
+                and catalog.holds_advisory_lock(self.conn, (BULK_LOCK, self.key)))
 
 
 @contextlib.contextmanager
