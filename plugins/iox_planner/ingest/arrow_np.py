@@ -49,17 +49,14 @@ def strings(values: Sequence[str | None]) -> pa.Array:
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    bitmap = None
-    if None in values:
-        valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
-        bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
     wide = int(offsets[-1]) >= 2**31
     return pa.Array.from_buffers(pa.large_string() if wide else pa.string(), n,
-                                 [bitmap, pa.py_buffer(offsets if wide else offsets.astype(np.int32)),
+                                 [_validity(values), pa.py_buffer(offsets if wide else offsets.astype(np.int32)),
                                   pa.py_buffer(data)])
 
 
 def _validity(values: Sequence[object]) -> pa.Buffer | None:
+    """Arrow's validity bitmap of Python values (None: null), or None when none is null."""
     if None not in values:
         return None
     valid = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
