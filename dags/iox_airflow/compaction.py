@@ -104,6 +104,7 @@ def sum_reports(batches: list[list[str]], promote: list[str] | None = None) -> d
     """The run's report: the batches' totals (and the promotions-only batch's) summed and printed. A batch without
     a report failed: the run fails after reporting the others (their swaps are done and stay)."""
     from iox_planner.errors import IoxError
+    from iox_planner.ingest.compact import outcome_note
 
     keys = ("partitions", "skipped", "files_in", "files_out", "rows_in", "rows_out", "duplicates_removed",
             "files_promoted", "rows_promoted")
@@ -118,11 +119,9 @@ def sum_reports(batches: list[list[str]], promote: list[str] | None = None) -> d
         for k in keys:
             total[k] += int(data[k])
         for o in data["outcomes"]:
-            if o["skipped"]:
-                print(f"{o['table']} {o['partition']}: {o['skipped']}")
-            elif o.get("waits"):
-                print(f"{o['table']} {o['partition']}: promoted {o['files_promoted']} file(s); the rewrite waits: "
-                      f"{o['waits']}")
+            note = outcome_note(o)
+            if note is not None:
+                print(note)
     print(f"compacted {total['partitions']} partition(s): {total['files_in']} file(s) in, {total['files_out']} out; "
           f"{total['rows_in']:,} rows in, {total['rows_out']:,} out; {total['duplicates_removed']:,} duplicates "
           f"removed; {total['files_promoted']} file(s) ({total['rows_promoted']:,} rows) promoted to L1 in place, "

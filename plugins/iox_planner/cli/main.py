@@ -91,7 +91,7 @@ def cmd_persist(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from iox_planner.ingest.compact import CompactSettings, compact, describe_plan, dry_run
+    from iox_planner.ingest.compact import CompactSettings, compact, describe_plan, dry_run, outcome_note
 
     catalog = _catalog()
     settings = CompactSettings.from_env()
@@ -128,11 +128,9 @@ def cmd_compact(args: argparse.Namespace) -> int:
                                 partition=args.partition, settings=settings,
                                 progress=lambda line: err.print(line, markup=False)))
     for o in t["outcomes"]:
-        if o["skipped"] is not None:
-            out.print(f"{o['table']} {o['partition']}: {o['skipped']}", markup=False)
-        elif o.get("waits"):
-            out.print(f"{o['table']} {o['partition']}: promoted {o['files_promoted']} file(s); the rewrite waits: "
-                      f"{o['waits']}", markup=False)
+        note = outcome_note(o)
+        if note is not None:
+            out.print(note, markup=False)
     if not t["outcomes"]:
         out.print("nothing to compact")
     else:

@@ -806,6 +806,17 @@ def dry_run(catalog: Catalog, db: str, *, table: str | None = None, partition: s
         return find_work(catalog, conn, db_id, settings, table=table, partition=partition)
 
 
+def outcome_note(outcome: Mapping[str, Any]) -> str | None:
+    """The line a run's report prints for one outcome of `report_dict` that was skipped or whose rewrite waits
+    (the CLI's and the `iox_compact` DAG's report alike); None for a partition compacted in full."""
+    where = f"{outcome['table']} {outcome['partition']}"
+    if outcome["skipped"]:
+        return f"{where}: {outcome['skipped']}"
+    if outcome.get("waits"):
+        return f"{where}: promoted {outcome['files_promoted']} file(s); the rewrite waits: {outcome['waits']}"
+    return None
+
+
 def report_dict(report: Report) -> dict[str, Any]:
     """A run's report as JSON-ready values (the DAG's per-run report, a spark-submit job's output)."""
     return {**report.totals(), "outcomes": [
