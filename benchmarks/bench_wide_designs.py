@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.dirname(__file__))
+from bench_compact import interleaved, median_of  # noqa: E402
 from bench_spark import QUERY  # noqa: E402
 from bench_wide_overlap import build  # noqa: E402
 
@@ -220,28 +221,20 @@ def main() -> None:
             "split prototype": lambda: agg(split()),
             "iox-batch sliced": lambda: execute(spark, plan, root).result.collect()[0],
         }
-        times: dict[str, list[float]] = {name: [] for name in variants}
-        answers: dict[str, Any] = {}
-        names = list(variants)
-        for round_ in range(args.rounds + 1):
-            for name in (names if round_ % 2 else list(reversed(names))):
-                started = time.perf_counter()
-                answers[name] = variants[name]()
-                if round_:  # round 0 warms up
-                    times[name].append(time.perf_counter() - started)
+        rounds, answers = interleaved(variants, {}, args.rounds)  # round 0 warms up and is not kept
         reference, candidate = list(answers["iox-batch sliced"]), list(answers["split prototype"])
         assert reference[0] == candidate[0], (reference, candidate)
         for want, got in zip(reference[1:], candidate[1:]):
             assert abs(want - got) <= 1e-9 * max(1.0, abs(want)), (reference, candidate)
 
-    median = {name: float(np.median(t)) for name, t in times.items()}
+    median = {name: median_of(rounds, name) for name in variants}
     report = Table(title=f"wide overlap designs: {len(base)} base files + {len(late)} late, {len(hosts)} late "
                          f"hosts ('{host}'), {args.master}, medians of {args.rounds} rounds")
     for col in ("variant", "median s", "x scan", "rounds"):
         report.add_column(col, justify="right")
     for name in variants:
         report.add_row(name, f"{median[name]:.2f}", f"{median[name] / median['scan']:.2f}x",
-                       " ".join(f"{t:.2f}" for t in times[name]))
+                       " ".join(f"{r[name]:.2f}" for r in rounds))
     console.print(report)
     spark.stop()
 
