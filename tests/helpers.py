@@ -4,6 +4,7 @@ test's own summaries)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,14 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 
 from iox_planner.catalog.store import Catalog
+
+
+def free_port() -> int:
+    """A local TCP port nothing listens on now (bound, then freed: the caller starts a server on it, or relies
+    on nothing answering there)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def live_chunks(catalog: Catalog, db: str) -> list[dict[str, Any]]:

@@ -8,7 +8,6 @@ import contextlib
 import queue
 import secrets
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from typing import Any, Iterator
 import sqlalchemy as sa
 import yaml
 
+from helpers import free_port
 from iox_planner.catalog.store import Catalog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,12 +181,6 @@ def leftovers(folder: Path) -> list[str]:
 # --- a real scheduler and api-server ---------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen([str(BIN / "airflow"), *args], env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -214,7 +208,7 @@ def scheduler_cluster(env: dict[str, str], home: Path) -> Iterator[dict[str, Any
     """A real api-server and scheduler (LocalExecutor) on `env` (a `base_env` whose AIRFLOW_HOME is `home`), each
     in its own process group, started with bounded waits and always stopped. Yields the env it runs with and the
     processes (`scheduler`, `api_server`)."""
-    port = _free_port()
+    port = free_port()
     env = {**env,
            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",

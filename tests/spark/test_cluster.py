@@ -15,19 +15,13 @@ from typing import Any, Iterator
 
 import pytest
 
-from helpers import run_cli
+from helpers import free_port, run_cli
 from iox_planner.catalog.store import Catalog
 from spark_helpers import cli, load
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 T0 = 1_704_067_200_000_000_000
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_for_port(port: int, deadline: float) -> None:
@@ -43,7 +37,7 @@ def _wait_for_port(port: int, deadline: float) -> None:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     spark_class = Path(sys.executable).parent / "spark-class"
     logs = tmp_path_factory.mktemp("cluster")
-    port, web, worker_web = _free_port(), _free_port(), _free_port()
+    port, web, worker_web = free_port(), free_port(), free_port()
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
            "SPARK_LOG_DIR": str(logs), "SPARK_WORKER_DIR": str(logs / "work")}
     url = f"spark://127.0.0.1:{port}"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from helpers import live_chunks
+from helpers import free_port, live_chunks
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.compact import CompactSettings, compact
 from spark_helpers import load, run_jsonl
@@ -127,13 +127,9 @@ def test_the_spark_submit_job_exits_75_when_the_catalog_is_unreachable(tmp_path:
     """A real spark-submit of `run_compact.py` against a catalog URL where no Postgres listens (a port just freed):
     exit 75, the retryable status every other entry point gives a lost catalog, so the DAG's retries are meant;
     one `error: ` paragraph, no traceback, no report."""
-    import socket
-
     from iox_planner.sparkconf import spark_env, spark_submit_command
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     monkeypatch.setenv("IOX_CATALOG_URL", f"postgresql+psycopg2://iox@127.0.0.1:{port}/iox")
     monkeypatch.setenv("IOX_SPARK_MASTER", "local[1]")
     report = tmp_path / "report.json"
