@@ -48,6 +48,7 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
 _ERROR_CLASS = re.compile(r"^\s*(\[[A-Z0-9_.]+\])\s*")
 _FIRST_SENTENCE = re.compile(r"^(.*?[.!?])(?=\s|$)")
 _SCAN_VIEW = re.compile(rf"`?{VIEW_PREFIX}(\d+)`?")
+_VIEW_NS = re.compile(rf"`?{VIEW_PREFIX}\d+{TIME_NS}`?")
 
 
 def sanitize_spark_message(message: str, plan: QueryPlan | None = None) -> str:
@@ -65,6 +66,7 @@ def sanitize_spark_message(message: str, plan: QueryPlan | None = None) -> str:
         view = f"{VIEW_PREFIX}{found.group(1)}"
         return f"`{views[view]}`" if view in views else "a table of the query"
 
+    text = _VIEW_NS.sub("time", text)
     text = _SCAN_VIEW.sub(view_name, text)
     text = re.sub(rf"{NS_PREFIX}(\w+)", r"\1", text)
     text = re.sub(rf"{HIDDEN_PREFIX}\d+|{TIME_NS}", "time", text)

@@ -7,8 +7,8 @@ aggregation over the union of their inputs: the planner only splits dedups where
 `groupBy` over all of them gives the same rows with one shuffle, and chunks outside any dedup never shuffle.
 
 Each scan tree is registered as the view its `ScanInfo` names, with `time` converted at the edge from int64
-nanoseconds to a Spark TIMESTAMP (the nanoseconds stay in `__time_ns`), and the query's SQL runs over the views
-with its bound parameters.
+nanoseconds to a Spark TIMESTAMP (the nanoseconds stay beside it, `model.time_ns_column`), and the query's SQL runs
+over the views with its bound parameters, once the last gate (`gate.py`) has read it with Spark's own parser.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from iox_planner.errors import CatalogError
-from iox_planner.model import CHUNK_ORDER, TIME, WRITE_SEQ, Chunk, ChunkKind, ColumnType
+from iox_planner.model import CHUNK_ORDER, TIME, WRITE_SEQ, Chunk, ChunkKind, ColumnType, time_ns_column
 from iox_planner.planner.nodes import (
     DeduplicateExec,
     EmptyExec,
@@ -47,6 +47,7 @@ from iox_planner.planner.nodes import (
 from iox_planner.planner.predicate import Conjunct, columns_of, predicate_sql
 from iox_planner.planner.timebounds import time_bounds
 from spark_jobs.extract import check_file, group_inputs
+from spark_jobs.gate import check_query_text
 from spark_jobs.transform import (
     chunk_order_column, deduplicate, deduplicate_window, file_type, q, to_view, union_all,
 )
@@ -344,9 +345,26 @@ def execute(spark: SparkSession, plan: QueryPlan, warehouse: Path, *, strategy: 
         df = builder.build(tree)
         metrics.update(builder.metrics)
         scans.append(df)
-        to_view(df).createOrReplaceTempView(scan.view)
-    args = {k: v for k, v in plan.params.items()}
+        register_view(df, scan.view)
+    return Execution(run_query_sql(spark, plan), scans, metrics)
+
+
+def register_view(df: DataFrame, view: str) -> None:
+    """A scan's rows as the view the query's SQL reads (`time` as a TIMESTAMP, its nanoseconds beside it)."""
+    to_view(df, time_ns_column(view)).createOrReplaceTempView(view)
+
+
+def run_query_sql(spark: SparkSession, plan: QueryPlan) -> DataFrame:
+    """The query's SQL over the registered views, once the last gate (Spark's own parser on the exact text) let
+    it through. With `naming_sql`, the result's columns take the names Spark gives the query as the user wrote it
+    (a pinned clock's constant would otherwise name its column)."""
+    views = [scan.view for scan in plan.scans]
+    columns = {name for scan in plan.scans for name, _ in scan.columns}
+    args = dict(plan.params)
+    check_query_text(spark, plan.spark_sql, views, columns)
     result = spark.sql(plan.spark_sql, args=args) if args else spark.sql(plan.spark_sql)
-    return Execution(result, scans, metrics)
-
-
+    if plan.naming_sql is not None:
+        check_query_text(spark, plan.naming_sql, views, columns)
+        named = spark.sql(plan.naming_sql, args=args) if args else spark.sql(plan.naming_sql)
+        result = result.toDF(*named.columns)
+    return result

@@ -66,8 +66,9 @@ def run_merge(spark: Any, plan: Any, args: argparse.Namespace) -> int:
     from pyspark.sql import types as T
 
     from iox_planner.model import CHUNK_ORDER, TIME
+    from spark_jobs.execute import register_view, run_query_sql
     from spark_jobs.load import write_result
-    from spark_jobs.transform import file_type, to_view
+    from spark_jobs.transform import file_type
 
     if not args.parts:
         raise SystemExit("merge needs --parts")
@@ -80,10 +81,8 @@ def run_merge(spark: Any, plan: Any, args: argparse.Namespace) -> int:
         ])
         folders = [str(p / scan.view) for p in parts if (p / scan.view).is_dir()]
         df = spark.read.schema(schema).parquet(*folders) if folders else spark.createDataFrame([], schema)
-        to_view(df).createOrReplaceTempView(scan.view)
-    params = dict(plan.params)
-    result = spark.sql(plan.spark_sql, args=params) if params else spark.sql(plan.spark_sql)
-    return write_result(result, args.format, Path(args.output), sys.stdout)
+        register_view(df, scan.view)
+    return write_result(run_query_sql(spark, plan), args.format, Path(args.output), sys.stdout)
 
 
 if __name__ == "__main__":

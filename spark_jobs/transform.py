@@ -10,7 +10,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from iox_planner.model import CHUNK_ORDER, SPARK_SQL_TYPES, TIME, TIME_NS, WRITE_SEQ, Chunk, ColumnType, pack_order
+from iox_planner.model import CHUNK_ORDER, SPARK_SQL_TYPES, TIME, WRITE_SEQ, Chunk, ColumnType, pack_order
 
 def file_type(ctype: ColumnType) -> T.DataType:
     """The Spark type a chunk file's column of catalog type `ctype` is read as: the view's type from
@@ -76,11 +76,12 @@ def q(name: str) -> str:
     return f"`{name.replace('`', '``')}`"
 
 
-def to_view(df: DataFrame) -> DataFrame:
-    """The view a query sees: `time` as a UTC TIMESTAMP (microseconds, floored), its nanoseconds in `__time_ns`."""
+def to_view(df: DataFrame, ns_column: str) -> DataFrame:
+    """The view a query sees: `time` as a UTC TIMESTAMP (microseconds, floored), its nanoseconds in `ns_column`
+    (`model.time_ns_column` of the view)."""
     if TIME not in df.columns:
         return df
     cols = [F.col(q(c)) for c in df.columns if c not in (TIME, CHUNK_ORDER)]
     # Integer floor division: going through a double would lose the low bits of a nanosecond timestamp.
     micros = F.expr(f"({TIME} - pmod({TIME}, 1000)) div 1000")
-    return df.select(*cols, F.timestamp_micros(micros).alias(TIME), F.col(TIME).alias(TIME_NS))
+    return df.select(*cols, F.timestamp_micros(micros).alias(TIME), F.col(TIME).alias(ns_column))

@@ -19,7 +19,7 @@ TIME = "time"
 # --- the one place for names iox-batch adds to what Spark sees, and for the chunk-order packing ---------------------
 
 TIME_NS = "__time_ns"
-"""The view column holding a row's exact `time` in int64 nanoseconds (next to `time` as a microsecond TIMESTAMP)."""
+"""Reserved, and the suffix of each view's nanosecond column (`time_ns_column`)."""
 VIEW_PREFIX = "__iox_scan_"
 """Each scan tree is registered as the view `__iox_scan_<k>`."""
 NS_PREFIX = "__iox_ns_"
@@ -30,6 +30,13 @@ INTERNAL_PREFIX = "__iox_"
 """Every name iox-batch adds to the SQL Spark runs starts so (views, nanosecond helpers), or is one of
 `INTERNAL_NAMES`; a user's query may use none of them, in any spelling."""
 INTERNAL_NAMES = frozenset({TIME_NS, CHUNK_ORDER, WRITE_SEQ})
+
+
+def time_ns_column(view: str) -> str:
+    """The column of view `view` holding each row's exact `time` in int64 nanoseconds (next to `time` as a
+    microsecond TIMESTAMP). Named after its view, so two views never share it: a NATURAL JOIN of two views joins
+    on the tables' own columns only, and a `* EXCEPT (...)` can name it unqualified."""
+    return f"{view}{TIME_NS}"
 
 ORDER_SHIFT = 32
 """`__chunk_order` = chunk order << 32 | write position: one int64 keeps Spark's dedup aggregation hashed."""

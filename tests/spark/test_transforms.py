@@ -86,8 +86,8 @@ def test_to_view_floors_time_to_microseconds_and_keeps_the_nanoseconds(spark: An
     expected = spark.createDataFrame([
         ("a", dt.datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=utc), 1_700_000_000_123_456_789),
         ("b", dt.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=utc), -1),
-    ], "host string, time timestamp, __time_ns bigint")
-    assertDataFrameEqual(to_view(df), expected)
+    ], "host string, time timestamp, __iox_scan_3__time_ns bigint")
+    assertDataFrameEqual(to_view(df, "__iox_scan_3__time_ns"), expected)
 
 
 def test_the_chunk_order_column_packs_order_and_write_position(spark: Any) -> None:

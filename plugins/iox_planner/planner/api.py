@@ -99,7 +99,7 @@ def _plan(sql: str, source: ChunkSource, params: Mapping[str, object] | None, ti
     return QueryPlan(
         sql=sql, spark_sql=query.spark_sql, now=now, params=dict(query.params), time_range=(time_start, time_end),
         settings=settings, scans=tuple(scans), time_columns=query.time_columns, pruning=tuple(reports),
-        notes=tuple(notes), children=tuple(trees),
+        notes=tuple(notes), children=tuple(trees), naming_sql=query.naming_sql,
     )
 
 

@@ -16,12 +16,15 @@ Refused, and why (each reaches past its arguments, or is not a function of them)
   and show the execution's layout);
 - the error path: `raise_error`, `assert_true` (a query would choose the text of a service error);
 - table functions: `range`, `sql_keywords`, `collations`, and `measure` (metric views): FROM takes catalog tables
-  only.
+  and the generators of `GENERATORS` only.
 
 Kept on purpose: `rand`, `randn`, `random`, `uniform`, `randstr`, `uuid`, `shuffle` (random, but they read
 nothing); `now()`, `current_timestamp()` and `current_date()` (fixed at planning time, so a rerun gives the same
-answer); generators such as `explode` or `stack` (in SELECT or LATERAL VIEW; never in FROM, where only catalog
-tables are allowed).
+answer); generators such as `explode` or `stack` (in SELECT, in LATERAL VIEW, and in FROM: they read nothing but their
+arguments wherever they stand).
+
+The planner checks a call by its name as written (the text Spark runs is the user's, so that is the name Spark
+resolves); the Spark job's last gate (`spark_jobs/gate.py`) checks the same lists on Spark's own parse of the text.
 """
 
 from __future__ import annotations
@@ -102,6 +105,13 @@ ALLOWED = frozenset(
 )
 """Spark built-in functions a query may call, lower case (Spark resolves built-in names case-insensitively)."""
 
+GENERATORS = frozenset(
+    """explode explode_outer inline inline_outer json_tuple posexplode posexplode_outer stack variant_explode
+    variant_explode_outer""".split()
+)
+"""Generators a query may also call in FROM (`FROM explode(array(1, 2))`): Spark's table-valued functions that
+read nothing but their arguments (the others, `range`, `sql_keywords` and `collations`, are refused)."""
+
 SYNTAX = frozenset({"try_cast"})
 """Words sqlglot renders before a parenthesis that are Spark syntax rather than a registered function."""
 
@@ -112,3 +122,4 @@ HINTS = frozenset(
 """Spark's query hints (join strategies and partitioning): they change how a query runs, never what it reads."""
 
 assert not ALLOWED & REFUSED
+assert GENERATORS <= ALLOWED

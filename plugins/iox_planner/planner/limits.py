@@ -15,10 +15,14 @@ from iox_planner.errors import BadInputError, BadQueryError
 DEFAULT_MAX_SQL_BYTES = 1_048_576
 DEFAULT_MAX_SQL_DEPTH = 64
 DEFAULT_MAX_SQL_NODES = 500_000
-_FLOORS = {"IOX_MAX_SQL_BYTES": 64, "IOX_MAX_SQL_DEPTH": 4, "IOX_MAX_SQL_NODES": 64}
+DEFAULT_MAX_SQL_LIST = 10_000
+DEFAULT_MAX_SQL_ALLOC = 16_777_216
+_FLOORS = {"IOX_MAX_SQL_BYTES": 64, "IOX_MAX_SQL_DEPTH": 4, "IOX_MAX_SQL_NODES": 64, "IOX_MAX_SQL_LIST": 16,
+           "IOX_MAX_SQL_ALLOC": 1_024}
 # Never raised past these, whatever the environment says: beyond them the parser's recursion (about 25 Python
 # frames per nesting level) or memory would fail with something worse than a clear error.
-_CEILINGS = {"IOX_MAX_SQL_BYTES": 64 * 1_048_576, "IOX_MAX_SQL_DEPTH": 256, "IOX_MAX_SQL_NODES": 20_000_000}
+_CEILINGS = {"IOX_MAX_SQL_BYTES": 64 * 1_048_576, "IOX_MAX_SQL_DEPTH": 256, "IOX_MAX_SQL_NODES": 20_000_000,
+             "IOX_MAX_SQL_LIST": 1_000_000, "IOX_MAX_SQL_ALLOC": 2**31 - 1}
 
 
 @dataclass(frozen=True)
@@ -29,12 +33,20 @@ class SqlLimits:
     """How deep parentheses, brackets and CASE ... END may nest (`IOX_MAX_SQL_DEPTH`)."""
     max_nodes: int = DEFAULT_MAX_SQL_NODES
     """Syntax-tree nodes of the parsed query (`IOX_MAX_SQL_NODES`)."""
+    max_list: int = DEFAULT_MAX_SQL_LIST
+    """Rows of one VALUES list and values of one IN list (`IOX_MAX_SQL_LIST`): analysis and Spark's planning cost
+    grow faster than their length (200,000 VALUES rows took 37 s and 1 GB to plan)."""
+    max_alloc: int = DEFAULT_MAX_SQL_ALLOC
+    """What one call may build where its size is a constant of the query (`IOX_MAX_SQL_ALLOC`): the count of
+    `repeat`, `array_repeat` and `sequence`, the width of `space`, `lpad`, `rpad` and of format specifiers."""
 
     @staticmethod
     def from_env() -> SqlLimits:
         return SqlLimits(_env_int("IOX_MAX_SQL_BYTES", DEFAULT_MAX_SQL_BYTES),
                          _env_int("IOX_MAX_SQL_DEPTH", DEFAULT_MAX_SQL_DEPTH),
-                         _env_int("IOX_MAX_SQL_NODES", DEFAULT_MAX_SQL_NODES))
+                         _env_int("IOX_MAX_SQL_NODES", DEFAULT_MAX_SQL_NODES),
+                         _env_int("IOX_MAX_SQL_LIST", DEFAULT_MAX_SQL_LIST),
+                         _env_int("IOX_MAX_SQL_ALLOC", DEFAULT_MAX_SQL_ALLOC))
 
 
 def _env_int(name: str, default: int) -> int:
@@ -56,6 +68,16 @@ def depth_error(depth: int, limits: SqlLimits) -> BadQueryError:
 def nodes_error(nodes: int, limits: SqlLimits) -> BadQueryError:
     return BadQueryError(f"the SQL has over {nodes:,} syntax nodes, over the limit of {limits.max_nodes:,}; shorten "
                          "it or raise IOX_MAX_SQL_NODES")
+
+
+def values_error(what: str, length: int, limits: SqlLimits) -> BadQueryError:
+    return BadQueryError(f"the SQL has a {what} list of {length:,} values, over the limit of {limits.max_list:,}; "
+                         "put the values in a table (iox-batch write) and join it, or raise IOX_MAX_SQL_LIST")
+
+
+def alloc_error(call: str, size: int, limits: SqlLimits) -> BadQueryError:
+    return BadQueryError(f"{call} would build {size:,} characters or elements in one value, over the limit of "
+                         f"{limits.max_alloc:,}; use a smaller constant or raise IOX_MAX_SQL_ALLOC")
 
 
 def read_sql_file(path: str, limits: SqlLimits | None = None) -> str:

@@ -484,9 +484,11 @@ class QueryPlan:
     """The whole plan (rendered as `QueryExec`): the query, what the executor needs to run it on Spark, what
     pruning did, notes (why a limit stopped a split), and one scan tree per table reference as `children`.
 
-    `spark_sql` is the query with each table reference replaced by its scan's view (`scans[i].view`, aliased as
-    the reference was) and `now()` fixed; bound parameters stay `:name` for `spark.sql(spark_sql, args=params)`.
-    `time_columns` names the result columns that are a table's `time` passed through unchanged.
+    `spark_sql` is the user's query with the planner's edits spliced in (`planner/sql/splice.py`): each table
+    reference replaced by its scan's view (`scans[i].view`, aliased as the reference was), stars kept off the
+    views' internal columns, clocks fixed; bound parameters stay `:name` for `spark.sql(spark_sql, args=params)`.
+    `time_columns` names the result columns that are a table's `time` passed through unchanged. `naming_sql`,
+    when set, is `spark_sql` without the clock edits: the result's column names are taken from it.
     """
 
     name: ClassVar[str] = "QueryExec"
@@ -501,6 +503,7 @@ class QueryPlan:
     pruning: tuple[ScanPruning, ...]
     notes: tuple[str, ...]
     children: tuple[PlanNode, ...] = field(default=())
+    naming_sql: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.scans) != len(self.children) or len(self.pruning) != len(self.scans):

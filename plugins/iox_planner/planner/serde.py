@@ -1,7 +1,7 @@
 """The plan as JSON (PRODUCT.md "Plan JSON"): what the Spark job executes. `plan_from_dict(plan_to_dict(p)) == p`.
 
 ```json
-{"node": "QueryExec", "sql": "...", "spark_sql": "...", "now": "2024-01-01T00:00:00Z", "params": {...},
+{"node": "QueryExec", "sql": "...", "spark_sql": "...", "naming_sql": "..." (optional), "now": "2024-01-01T00:00:00Z", "params": {...},
  "time_range": [start_ns, end_ns], "settings": {...},
  "scans": [{"view": "__iox_scan_0", "table": "h2o", "alias": "h2o", "columns": {"city": "tag", "time": "time"}}],
  "time_columns": ["time"],
@@ -138,6 +138,7 @@ def plan_to_dict(plan: QueryPlan) -> dict[str, Any]:
         "pruning": {p.view: {"table": p.table, **{f: getattr(p, f) for f in _PRUNING_FIELDS}} for p in plan.pruning},
         "notes": list(plan.notes),
         "children": [node_to_dict(tree) for tree in plan.children],
+        **({"naming_sql": plan.naming_sql} if plan.naming_sql is not None else {}),
     }
 
 
@@ -158,6 +159,7 @@ def plan_from_dict(d: Mapping[str, Any]) -> QueryPlan:
                           for view, p in d["pruning"].items()),
             notes=tuple(d["notes"]),
             children=tuple(node_from_dict(c, chunks) for c in d["children"]),
+            naming_sql=d.get("naming_sql"),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise BadInputError(f"plan JSON is malformed: {type(err).__name__}: {err}") from err

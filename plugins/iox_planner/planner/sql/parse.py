@@ -1,0 +1,348 @@
+"""Reading a query: the one SELECT of the text, within the limits, with the source positions the splicer needs.
+
+sqlglot is the analyzer, never the writer: the query Spark runs is the user's text with the planner's edits spliced
+in (`splice.py`), so the parse keeps, besides the tree, the tokens and where in the text each edited construct
+starts and ends. sqlglot's tokens carry character offsets; a parser subclass records the few ends the tree lacks
+(the end of a SELECT list, of an ORDER BY item, of a function call, the closing parenthesis of a subquery).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, ParamSpec, Sequence, TypeVar
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.tokenizer_core import Token, TokenType
+
+from iox_planner.errors import BadQueryError, UnsupportedError, check_text
+from iox_planner.planner.limits import SqlLimits, check_size, depth_error, nodes_error, values_error
+from iox_planner.planner.predicate import SPARK
+
+ITEMS_END = "iox_items_end"
+"""Meta of a SELECT's last item: the text offset right after the SELECT list (where items can be appended)."""
+ORDER_END = "iox_order_end"
+"""Meta of an ORDER BY item (`exp.Ordered`): the text offset right after it."""
+CLOSE = "iox_close"
+"""Meta of a derived table (`exp.Subquery`): the text offset right after its closing parenthesis."""
+CALL = "iox_call"
+"""Meta of a function call: (start, end) text offsets of the whole call, name to closing parenthesis."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """The query as written, with its tokens (character offsets into `sql`)."""
+
+    sql: str
+    tokens: Sequence[Token]
+    _by_start: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for i, token in enumerate(self.tokens):
+            self._by_start.setdefault(token.start, i)
+
+    def token_index(self, offset: int) -> int | None:
+        """The index of the token starting at text offset `offset`, if one does."""
+        return self._by_start.get(offset)
+
+    def group_end(self, i: int) -> int:
+        """For the `(` at token `i`, the index of its matching `)`."""
+        depth = 0
+        for j in range(i, len(self.tokens)):
+            kind = self.tokens[j].token_type
+            if kind is TokenType.L_PAREN:
+                depth += 1
+            elif kind is TokenType.R_PAREN:
+                depth -= 1
+                if depth == 0:
+                    return j
+        raise BadQueryError("unbalanced parentheses in the SQL")
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def call_name(node: exp.Expr, source: Source) -> str | None:
+    """The function name as the user wrote it, for a call the parser positioned; None for syntax that is not a
+    call by name (an operator, a keyword form such as CASE ... END). Spark resolves built-in names
+    case-insensitively, by this very text: it runs the user's text, not sqlglot's reading of it."""
+    if isinstance(node, exp.Anonymous):
+        return str(node.this)
+    where = node.meta.get(CALL)
+    if where is None:
+        return None
+    i = source.token_index(where[0])
+    if i is None:
+        return None
+    token = source.tokens[i]
+    if token.token_type is TokenType.IDENTIFIER:
+        return token.text
+    if token.token_type not in _LITERALS and _NAME.fullmatch(token.text):
+        return token.text
+    return None
+
+
+_LITERALS = {TokenType.STRING, TokenType.NUMBER, TokenType.HEX_STRING, TokenType.BIT_STRING,
+             TokenType.BYTE_STRING, TokenType.NATIONAL_STRING, TokenType.RAW_STRING}
+
+
+def span(node: exp.Expr) -> tuple[int, int] | None:
+    """The text offsets [start, end) of a node sqlglot positioned (identifiers, literals, stars, function names)."""
+    start, end = node.meta.get("start"), node.meta.get("end")
+    if start is None or end is None:
+        return None
+    return int(start), int(end) + 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parsing
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def within_limits(func: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Analysis with room on the stack for the nesting the limits allow (sqlglot's scopes, qualify and printing
+    recurse once per level too); should a query still go deeper, an error saying so, not a RecursionError."""
+    @functools.wraps(func)
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        limits = SqlLimits.from_env()
+        try:
+            with stack_for(limits):
+                return func(*args, **kwargs)
+        except RecursionError as err:
+            raise BadQueryError(f"the SQL nests too deeply to analyze; flatten it (limit: IOX_MAX_SQL_DEPTH="
+                                f"{limits.max_depth})") from err
+    return guarded
+
+
+@contextmanager
+def stack_for(limits: SqlLimits) -> Iterator[None]:
+    """Room on the Python stack for the parser's recursion at the allowed depth (it takes about 25 frames per
+    level, and CPython's default of 1,000 frames stops it near 40)."""
+    needed = 2_000 + 40 * limits.max_depth
+    saved = sys.getrecursionlimit()
+    if saved < needed:
+        sys.setrecursionlimit(needed)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(saved)
+
+
+def parse(sql: str, limits: SqlLimits | None = None) -> tuple[exp.Query, Source]:
+    """The one SELECT of `sql` and its source, within the limits: size and text before tokenizing, nesting before
+    parsing (the parser recurses once per level), syntax nodes and list lengths after. AND/OR chains come back
+    balanced (see `_balance`)."""
+    limits = limits or SqlLimits.from_env()
+    if not isinstance(sql, str):
+        raise BadQueryError(f"the SQL must be text, not {type(sql).__name__}")
+    check_text(sql)
+    check_size(sql, limits)
+    try:
+        tokens = _spark_tokens(SPARK.tokenize(sql))
+    except sqlglot.errors.SqlglotError as err:
+        raise BadQueryError(f"the SQL does not parse: {err}") from err
+    _check_tokens(tokens, limits)
+    try:
+        with stack_for(limits):
+            statements = [s for s in _PositionedParser(dialect=SPARK).parse(tokens, sql) if s is not None]
+    except sqlglot.errors.ParseError as err:
+        first = err.errors[0] if err.errors else {}
+        where = f" at line {first.get('line')}, column {first.get('col')}" if first.get("line") else ""
+        near = f" near {str(first.get('highlight'))[:80]!r}" if first.get("highlight") else ""
+        why = first.get("description") or str(err)
+        raise BadQueryError(f"the SQL does not parse{where}{near}: {why}") from err
+    except RecursionError as err:
+        raise BadQueryError(f"the SQL nests too deeply to parse; flatten it (limit: IOX_MAX_SQL_DEPTH="
+                            f"{limits.max_depth})") from err
+    except (sqlglot.errors.SqlglotError, ValueError, IndexError, KeyError, TypeError, AttributeError) as err:
+        # sqlglot fails on some Spark-only shapes with a bare exception (MAP ... USING raises IndexError).
+        raise BadQueryError(f"the SQL does not parse ({type(err).__name__}); iox-batch takes one plain SELECT "
+                            "over catalog tables") from err
+    if len(statements) != 1:
+        raise BadQueryError(f"expected exactly one SQL statement, got {len(statements)}; send one SELECT")
+    statement = statements[0]
+    if not isinstance(statement, exp.Query):
+        kind = type(statement).__name__.upper()
+        raise BadQueryError(f"only a SELECT query can run here, not a {kind} statement")
+    statement = _balance(statement)
+    _check_tree(statement, limits)
+    return statement, Source(sql, tokens)
+
+
+class _PositionedParser(type(SPARK.parser())):  # type: ignore[misc]
+    """Spark's parser, noting where the constructs the splicer edits end in the text."""
+
+    def _parse_projections(self) -> Any:
+        projections, exclude = super()._parse_projections()
+        if projections:
+            projections[-1].meta[ITEMS_END] = self._prev.end + 1
+        return projections, exclude
+
+    def _parse_ordered(self, parse_method: Any = None) -> Any:
+        node = super()._parse_ordered(parse_method)
+        if node is not None:
+            node.meta[ORDER_END] = self._prev.end + 1
+        return node
+
+    def _parse_subquery(self, this: Any, parse_alias: bool = True) -> Any:
+        close = self._prev
+        node = super()._parse_subquery(this, parse_alias)
+        if node is not None and close is not None and close.token_type is TokenType.R_PAREN:
+            node.meta[CLOSE] = close.end + 1
+        return node
+
+    def _parse_function(self, functions: Any = None, anonymous: bool = False, optional_parens: bool = True,
+                        any_token: bool = False) -> Any:
+        first = self._curr
+        node = super()._parse_function(functions, anonymous, optional_parens, any_token)
+        if node is not None and first is not None and CALL not in node.meta:
+            node.meta[CALL] = (first.start, self._prev.end + 1)
+        return node
+
+
+def _spark_tokens(tokens: list[Token]) -> list[Token]:
+    """Spark spellings sqlglot's Spark tokenizer reads otherwise, made into the tokens it reads right: `X 'F0'` (the
+    binary literal written as a typed literal, with a space), `window(...)` (a function, not the WINDOW clause)
+    and `>>>` (unsigned shift right, analyzed as `>>`: the analysis never evaluates or prints an operator, it only
+    needs the expression's shape)."""
+    out: list[Token] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        following = tokens[i + 1] if i + 1 < len(tokens) else None
+        if (token.token_type is TokenType.VAR and token.text.upper() == "X" and following is not None
+                and following.token_type is TokenType.STRING):
+            out.append(Token(TokenType.HEX_STRING, following.text, token.line, following.col, token.start,
+                             following.end, following.comments))
+            i += 2
+            continue
+        if (token.token_type is TokenType.WINDOW and following is not None
+                and following.token_type is TokenType.L_PAREN):
+            # `window(time, '1 hour')` is Spark's time-window function (its WINDOW clause is `WINDOW w AS (...)`);
+            # sqlglot takes the keyword for the clause and fails on it first in a GROUP BY.
+            out.append(Token(TokenType.VAR, token.text, token.line, token.col, token.start, token.end,
+                             token.comments))
+            i += 1
+            continue
+        if (token.token_type is TokenType.GT and len(out) >= 2 and out[-1].token_type is TokenType.GT
+                and out[-2].token_type is TokenType.GT and out[-1].start == out[-2].end + 1
+                and token.start == out[-1].end + 1):
+            i += 1  # the third `>` of `>>>`
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
+# Tokens that open and close a nesting level of the parser's recursion.
+_OPENS = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE, TokenType.CASE}
+_CLOSES = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE, TokenType.END}
+# A unary operator repeated (NOT NOT NOT x, - - - x) also recurses once per token.
+_UNARY = {TokenType.NOT, TokenType.DASH, TokenType.PLUS, TokenType.TILDE}
+
+
+def _check_tokens(tokens: Sequence[Token], limits: SqlLimits) -> None:
+    """Nesting within the limit (also inside string literals: Spark parses type strings, JSON and CSV given as
+    text, and nests as deeply as they do), and no script transform (`TRANSFORM|MAP|REDUCE ... USING 'script'`): a
+    USING followed by a string is only ever a script (a join's USING takes a column list)."""
+    depth = deepest = unary = 0
+    for i, token in enumerate(tokens):
+        kind = token.token_type
+        if kind in _OPENS:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif kind in _CLOSES:
+            depth = max(depth - 1, 0)
+        elif kind is TokenType.STRING:
+            inside = literal_depth(token.text)
+            if inside > limits.max_depth:
+                raise BadQueryError(
+                    f"a string literal at line {token.line}, column {token.col} nests brackets {inside} levels "
+                    f"deep, over the limit of {limits.max_depth} (Spark parses type strings, JSON and CSV text "
+                    "as deeply as they nest); flatten it or raise IOX_MAX_SQL_DEPTH")
+        unary = unary + 1 if kind in _UNARY else 0
+        if deepest > limits.max_depth or unary > limits.max_depth:
+            raise depth_error(max(deepest, unary), limits)
+        if kind is TokenType.PARAMETER:
+            raise UnsupportedError(f"{token.text}... at line {token.line}, column {token.col} is a variable "
+                                   "reference (${...}, @@...), which iox-batch does not substitute; pass values "
+                                   "as bound parameters (:name with --param name=value)")
+        if kind is TokenType.USING and i + 1 < len(tokens) and tokens[i + 1].token_type is TokenType.STRING:
+            raise UnsupportedError("SELECT TRANSFORM/MAP/REDUCE ... USING runs an external script and is not "
+                                   "allowed; compute the columns with SQL functions instead")
+
+
+def literal_depth(text: str) -> int:
+    """How deep brackets (`( [ { <`) nest inside a string literal's text."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "([{<":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        elif ch in ")]}>" and depth:
+            depth -= 1
+    return deepest
+
+
+def _balance(statement: exp.Query) -> exp.Query:
+    """Each chain of ANDs (or of ORs) rebuilt as a balanced tree of the same operands in the same order.
+
+    The parser builds `a OR b OR c ...` as a left-deep chain as deep as it is long; sqlglot's scope analysis
+    walks from every column up to its SELECT, so 10,000 ORs cost 10,000 x 10,000 steps, and splitting conjuncts
+    recursed once per AND. AND and OR are associative in SQL's three-valued logic and the operand order is kept,
+    so the analysis sees the same query (the text Spark runs is the user's, never this tree)."""
+    heads = [n for n in statement.walk() if isinstance(n, (exp.And, exp.Or)) and type(n.parent) is not type(n)]
+    for head in heads:
+        operands: list[exp.Expr] = []
+        stack: list[exp.Expr] = [head]
+        while stack:
+            node = stack.pop()
+            if type(node) is type(head) and not node.comments:
+                stack.append(node.expression)
+                stack.append(node.this)
+            else:
+                operands.append(node)
+        if len(operands) > 3:
+            balanced = _balanced(type(head), operands)
+            balanced.comments = head.comments
+            balanced.meta.update(head.meta)  # where the splicer finds a SELECT list's end, say
+            head.replace(balanced)
+    return statement
+
+
+def _balanced(kind: type[exp.Connector], operands: Sequence[exp.Expr]) -> exp.Expr:
+    if len(operands) == 1:
+        return operands[0]
+    middle = len(operands) // 2
+    return kind(this=_balanced(kind, operands[:middle]), expression=_balanced(kind, operands[middle:]))
+
+
+def _check_tree(statement: exp.Query, limits: SqlLimits) -> None:
+    """Syntax nodes, their depth and the lengths of value lists within the limits (iteratively: the tree may be
+    deeper than the stack)."""
+    nodes = 0
+    # The syntax tree is several nodes deep per nesting level of the text (Paren, operator, Column, Identifier).
+    max_tree_depth = 8 * limits.max_depth + 32
+    stack: list[tuple[exp.Expr, int]] = [(statement, 0)]
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > limits.max_nodes:
+            raise nodes_error(limits.max_nodes, limits)
+        if depth > max_tree_depth:
+            raise BadQueryError(f"the SQL's expressions nest over {max_tree_depth} levels deep (a long chain of "
+                                f"+, || or comparisons, say); flatten it or raise IOX_MAX_SQL_DEPTH (now "
+                                f"{limits.max_depth})")
+        if isinstance(node, exp.Values) and len(node.expressions) > limits.max_list:
+            raise values_error("VALUES", len(node.expressions), limits)
+        if isinstance(node, exp.In) and len(node.expressions) > limits.max_list:
+            raise values_error("IN", len(node.expressions), limits)
+        for child in node.iter_expressions():
+            stack.append((child, depth + 1))

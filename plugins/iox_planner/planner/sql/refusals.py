@@ -1,0 +1,245 @@
+"""What a query may not do, checked on the query as written: only catalog tables, only functions that read nothing
+but their arguments (by the name Spark resolves, which is the name as written: the text Spark runs is the user's),
+no names iox-batch reserves, parameters that match, and no call whose constant size would take the machine."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Mapping
+
+from sqlglot import exp
+from sqlglot.tokenizer_core import Token, TokenType
+
+from iox_planner.errors import BadInputError, BadQueryError, UnsupportedError, check_text
+from iox_planner.model import INTERNAL_NAMES, INTERNAL_PREFIX, TableSchema
+from iox_planner.planner.functions import ALLOWED, GENERATORS, HINTS, REFUSED, SYNTAX
+from iox_planner.planner.limits import SqlLimits, alloc_error
+from iox_planner.planner.nodes import ParamValue
+from iox_planner.planner.predicate import SPARK
+from iox_planner.planner.sql.parse import CALL, Source, call_name
+
+def reject_outside(statement: exp.Query, source: Source, tables: Mapping[str, TableSchema]) -> None:
+    """Only catalog tables and functions that read nothing but their arguments (`functions.ALLOWED`, checked on
+    the name Spark resolves in every spelling); no JVM calls, files, paths, scripts, variables, UDFs or INTO."""
+    columns = {c for schema in tables.values() for c in schema.columns}
+    for node in statement.walk():
+        if isinstance(node, exp.Select) and node.args.get("into"):
+            raise UnsupportedError("SELECT ... INTO would create a table; iox-batch runs read-only queries: drop "
+                                   "INTO and write the result with --output (or a materialized definition's "
+                                   "register_as)")
+        if isinstance(node, exp.Column) and not node.table and isinstance(node.this, exp.Identifier):
+            # Spark reads a bare `user` or `current_schema` that names no column as a call of that function
+            # (and sqlglot does not check every place a column can stand, HAVING and QUALIFY among them).
+            if node.name.lower() in REFUSED and node.name not in columns:
+                raise UnsupportedError(f"{node.name[:80]!r} is not a column of the query's tables, and Spark would "
+                                       f"call the function {node.name.lower()}() for it, which is not in the "
+                                       "allowed list; name a column (qualify it: t.col) or rename the alias")
+        elif isinstance(node, exp.Func):
+            _check_function(node, source)
+        elif isinstance(node, exp.Dot) and isinstance(node.expression, exp.Func):
+            raise UnsupportedError(f"function name {_shorten(node)} is qualified; call Spark built-in functions "
+                                   "by their bare name (e.g. abs(x), not system.builtin.abs(x))")
+        elif isinstance(node, exp.QueryTransform):
+            raise UnsupportedError("SELECT TRANSFORM ... USING runs an external script and is not allowed")
+        elif isinstance(node, (exp.Parameter, exp.SessionParameter)):
+            raise UnsupportedError(f"{_shorten(node)} is a variable reference, which iox-batch does not "
+                                   "substitute; pass values as bound parameters (:name with --param name=value)")
+        elif isinstance(node, exp.Hint):
+            for hint in node.expressions:
+                name = hint.name if isinstance(hint, (exp.JoinHint, exp.Anonymous)) else hint.sql(dialect=SPARK)
+                if str(name).lower() not in HINTS:
+                    raise UnsupportedError(f"hint {str(name)[:80]!r} is not allowed; allowed hints: "
+                                           f"{', '.join(sorted(h.upper() for h in HINTS))}")
+        elif isinstance(node, exp.Lateral) and not isinstance(node.this, (exp.Func, exp.Subquery)):
+            raise UnsupportedError(f"LATERAL {_shorten(node.this)} is not allowed; LATERAL takes a subquery or "
+                                   "a generator function such as explode(...)")
+        elif isinstance(node, exp.Table):
+            _check_table(node, source, tables)
+
+
+def _check_table(node: exp.Table, source: Source, tables: Mapping[str, TableSchema]) -> None:
+    if node.args.get("db") or node.args.get("catalog"):
+        raise UnsupportedError(f"table {_shorten(node)} names a database, a file format or a path; only catalog "
+                               "tables are allowed, named without a prefix (e.g. FROM h2o, FROM `sys.cpu`)")
+    if not isinstance(node.this, exp.Identifier):
+        function = node.this
+        name = call_name(function, source) if isinstance(function, exp.Func) else None
+        if name is not None and name.lower() in GENERATORS:
+            return  # a generator in FROM reads nothing but its arguments, as in SELECT or LATERAL VIEW
+        shown = name or (function.name if isinstance(function, exp.Anonymous) else _shorten(function))
+        raise UnsupportedError(f"table function {str(shown)[:80]}() is not allowed in FROM; only catalog tables "
+                               f"and generators ({', '.join(sorted(GENERATORS))}) are allowed there")
+    if node.args.get("version") or node.args.get("when"):
+        raise UnsupportedError(f"table {_shorten(node)} asks for an earlier version (time travel), which catalog "
+                               "tables do not have; filter on time instead")
+    if node.name not in tables and (any(ch in node.name for ch in "/:\\") or not node.name.strip()):
+        raise UnsupportedError(f"{node.name[:80]!r} looks like a path; only catalog tables are allowed in FROM")
+
+
+def _check_function(node: exp.Func, source: Source) -> None:
+    if isinstance(node.parent, exp.Dot) and node.arg_key == "expression":
+        raise UnsupportedError(f"function name {_shorten(node.parent)} is qualified; call Spark built-in "
+                               "functions by their bare name (e.g. abs(x), not system.builtin.abs(x))")
+    name = call_name(node, source)
+    if name is None:
+        return  # syntax (CAST ... AS, CASE ... END, an operator): no name for Spark to resolve
+    if name.lower() not in ALLOWED and name.lower() not in SYNTAX:
+        why = " (it reaches outside the query's data)" if name.lower() in REFUSED else ""
+        raise UnsupportedError(f"function {name[:80]}() is not in the allowed list of Spark built-in "
+                               f"functions{why}; queries may call only functions that read nothing but their "
+                               "arguments (see iox_planner/planner/functions.py)")
+
+
+def _shorten(node: exp.Expr) -> str:
+    text = node.sql(dialect=SPARK)
+    return repr(text if len(text) <= 80 else text[:80] + "...")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reserved names and parameters
+
+
+def is_internal_name(name: str) -> bool:
+    """Whether `name` is, or could be mistaken for, a column or view iox-batch itself adds (any case: Spark's
+    case sensitivity is a setting, so a name that differs only in case is refused too)."""
+    lowered = name.lower()
+    return lowered in INTERNAL_NAMES or lowered.startswith(INTERNAL_PREFIX)
+
+
+def reject_internal_names(statement: exp.Query) -> None:
+    """No identifier of the query (column, alias, table, CTE, lambda variable) may name an internal column or
+    view: the views Spark reads carry nanosecond columns, and the output drops the helpers the planner adds, so a
+    user name among them would read hidden data or vanish from the result."""
+    for node in statement.walk():
+        name: str | None = None
+        if isinstance(node, exp.Identifier):
+            name = str(node.this)
+        elif isinstance(node, exp.Anonymous) and str(node.this).lower() == "identifier":
+            # IDENTIFIER('name') names a column by a string; the string must pass the same rule.
+            name = next((str(a.this) for a in node.expressions if isinstance(a, exp.Literal) and a.is_string
+                         and is_internal_name(str(a.this))), None)
+        if name is not None and is_internal_name(name):
+            raise BadQueryError(
+                f"the query uses the name {name!r}, which iox-batch reserves for its internal columns and views "
+                f"({', '.join(sorted(INTERNAL_NAMES))} and names starting with {INTERNAL_PREFIX!r}, in any case); "
+                "a query reads the tables' tags, fields and time: rename the alias or column")
+
+
+def check_params(statement: exp.Query, params: Mapping[str, object]) -> dict[str, ParamValue]:
+    names: set[str] = set()
+    for ph in statement.find_all(exp.Placeholder):
+        if not ph.this:
+            raise BadInputError("positional parameters (?) are not supported; name them (:name) and pass "
+                                "--param name=value")
+        names.add(str(ph.this))
+    missing = sorted(names - set(params))
+    extra = sorted(set(params) - names)
+    if missing:
+        raise BadInputError(f"the query uses parameter(s) {', '.join(':' + n for n in missing)} but no value was "
+                            f"given; pass --param name=value for each")
+    if extra:
+        used = ", ".join(":" + n for n in sorted(names)) or "none"
+        raise BadInputError(f"parameter(s) {', '.join(extra)} were given but the query does not use them "
+                            f"(it uses: {used})")
+    bound: dict[str, ParamValue] = {}
+    limits = SqlLimits.from_env()
+    for name in sorted(names):
+        value = params[name]
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise BadInputError(f"parameter {name} has a value of type {type(value).__name__}; parameters are "
+                                "strings, numbers, booleans or null")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BadInputError(f"parameter {name} is {value!r}, which Spark SQL has no literal for; pass a "
+                                "finite number")
+        if isinstance(value, str):
+            check_text(value, f"the value of parameter {name}")
+            if len(value.encode("utf-8")) > limits.max_bytes:
+                raise BadInputError(f"the value of parameter {name} is longer than IOX_MAX_SQL_BYTES allows; "
+                                    "shorten it or raise the limit")
+        bound[name] = value
+    return bound
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sizes known before running
+
+# name -> the argument positions (0-based) that are a count or a width of what the call builds
+_SIZE_ARGUMENTS: dict[str, tuple[int, ...]] = {
+    "repeat": (1,), "space": (0,), "lpad": (1,), "rpad": (1,), "array_repeat": (1,), "randstr": (0,),
+    "array_insert": (1,), "format_number": (1,),
+}
+_FORMATTERS = frozenset({"format_string", "printf"})
+# A Java format specifier's width and precision (`%-2000000000s`, `%.9999999f`).
+_SPECIFIER = re.compile(r"%(?:\d+\$)?[-#+ 0,(<]*(\d+)?(?:\.(\d+))?[a-zA-Z%]")
+
+
+def check_allocations(statement: exp.Query, source: Source, limits: SqlLimits) -> None:
+    """Calls whose size is a constant of the query stay within `IOX_MAX_SQL_ALLOC`: `repeat('x', 2147483647)`
+    would take the driver's memory before any row is read, and nothing after planning could stop it cleanly."""
+    for node in statement.walk():
+        if not isinstance(node, exp.Func) or CALL not in node.meta:
+            continue
+        name = (call_name(node, source) or "").lower()
+        if name not in _SIZE_ARGUMENTS and name not in _FORMATTERS and name != "sequence":
+            continue
+        arguments = _call_arguments(source, node.meta[CALL])
+        if arguments is None:
+            continue
+        shown = f"{name}(...)"
+        for position in _SIZE_ARGUMENTS.get(name, ()):
+            size = _constant(arguments, position)
+            if size is not None and abs(size) > limits.max_alloc:
+                raise alloc_error(shown, abs(size), limits)
+        if name in _FORMATTERS and arguments and len(arguments[0]) == 1 \
+                and arguments[0][0].token_type is TokenType.STRING:
+            for width, precision in _SPECIFIER.findall(arguments[0][0].text):
+                size = max(int(width or 0), int(precision or 0))
+                if size > limits.max_alloc:
+                    raise alloc_error(shown, size, limits)
+        if name == "sequence":
+            start, stop = _constant(arguments, 0), _constant(arguments, 1)
+            step = _constant(arguments, 2) if len(arguments) > 2 else 1
+            if start is not None and stop is not None and step:
+                count = abs(stop - start) // abs(step) + 1
+                if count > limits.max_alloc:
+                    raise alloc_error(shown, count, limits)
+
+
+def _call_arguments(source: Source, where: tuple[int, int]) -> list[list[Token]] | None:
+    """The tokens of each argument of the call at text offsets `where` (split at its top-level commas)."""
+    first = source.token_index(where[0])
+    if first is None or first + 1 >= len(source.tokens) or source.tokens[first + 1].token_type is not TokenType.L_PAREN:
+        return None
+    close = source.group_end(first + 1)
+    arguments: list[list[Token]] = [[]]
+    depth = 0
+    for token in source.tokens[first + 2:close]:
+        kind = token.token_type
+        if kind in (TokenType.L_PAREN, TokenType.L_BRACKET):
+            depth += 1
+        elif kind in (TokenType.R_PAREN, TokenType.R_BRACKET):
+            depth -= 1
+        if kind is TokenType.COMMA and depth == 0:
+            arguments.append([])
+        else:
+            arguments[-1].append(token)
+    return arguments
+
+
+def _constant(arguments: list[list[Token]], position: int) -> int | None:
+    """The integer an argument is, when it is a number literal (with an optional sign), else None."""
+    if position >= len(arguments):
+        return None
+    tokens = arguments[position]
+    sign = 1
+    if len(tokens) == 2 and tokens[0].token_type in (TokenType.DASH, TokenType.PLUS):
+        sign = -1 if tokens[0].token_type is TokenType.DASH else 1
+        tokens = tokens[1:]
+    if len(tokens) != 1 or tokens[0].token_type is not TokenType.NUMBER:
+        return None
+    text = tokens[0].text.rstrip("LlSsYyDdFf").removesuffix("B").removesuffix("b")
+    try:
+        return sign * int(float(text)) if any(c in text for c in ".eE") else sign * int(text)
+    except (ValueError, OverflowError):
+        return None

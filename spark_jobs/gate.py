@@ -1,0 +1,152 @@
+"""The last gate: the exact text Spark is about to run, read by Spark's own parser, must be one read-only query over
+the plan's views that calls only allowed functions. Anything else fails here, before any job starts.
+
+The planner's front end already refuses all of this on sqlglot's reading of the query; this gate reads the text
+the way Spark will, so a slip of the front end (a construct sqlglot reads differently) stays harmless. It works
+on Spark's unresolved plan, as JSON (`TreeNode.toJSON`): a closed list of plan nodes (any other node, such as
+a command, CREATE, INSERT, CACHE or SET, is refused), every function and generator by its name on the allow-list,
+every relation one of the plan's views or a CTE of the query, hints on the hint list, and no bare word Spark
+would resolve to a refused function (`current_user`, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Collection, Iterator
+
+from iox_planner.errors import BadQueryError, UnsupportedError
+from iox_planner.planner.functions import ALLOWED, GENERATORS, HINTS, REFUSED, SYNTAX
+
+_LOGICAL = "org.apache.spark.sql.catalyst.plans.logical."
+_ANALYSIS = "org.apache.spark.sql.catalyst.analysis."
+_EXPRESSIONS = "org.apache.spark.sql.catalyst.expressions."
+
+# The plan nodes Spark's parser builds for a read-only query. A closed list: a node Spark adds in a later version
+# is refused until it is reviewed here.
+_QUERY_PLANS = frozenset({
+    *(_LOGICAL + name for name in """Project Filter Aggregate Join SubqueryAlias UnresolvedWith Union Intersect
+        Except Distinct Sort GlobalLimit LocalLimit Offset Generate Pivot Unpivot Sample OneRowRelation
+        WithWindowDefinition RepartitionByExpression RebalancePartitions UnresolvedHint LateralJoin Window Tail
+        Expand GroupingSets Deduplicate LocalRelation""".split()),
+    *(_ANALYSIS + name for name in """UnresolvedRelation UnresolvedInlineTable UnresolvedTableValuedFunction
+        UnresolvedTVFAliases UnresolvedSubqueryColumnAliases UnresolvedHaving UnresolvedQualify""".split()),
+})
+# Expression classes outside the expressions package that the parser uses in queries.
+_ANALYSIS_EXPRESSIONS = frozenset(_ANALYSIS + name for name in """UnresolvedAttribute UnresolvedFunction
+    UnresolvedAlias UnresolvedStar UnresolvedStarExceptOrReplace UnresolvedGenerator UnresolvedExtractValue
+    UnresolvedOrdinal UnresolvedRegex UnresolvedNamedLambdaVariable NamedParameter PosParameter""".split())
+# IDENTIFIER(<expression>): a table, column or function named by a string Spark evaluates while it analyzes the
+# query, after every check here. A name must be written as a name.
+_BY_STRING = frozenset(_ANALYSIS + name for name in "ExpressionWithUnresolvedIdentifier PlanWithUnresolvedIdentifier".split())
+
+
+def check_query_text(spark: Any, text: str, views: Collection[str], columns: Collection[str]) -> None:
+    """Refuse `text` unless Spark parses it as a read-only query over `views` (and the query's own CTEs) calling
+    only allowed functions. `columns`: the views' columns (a bare word that is one is a column, not a call)."""
+    nodes = list(_nodes(_parsed(spark, text)))
+    ctes = _cte_names(nodes)
+    allowed_relations = {f"[{name}]" for name in (*views, *ctes)}
+    for node in nodes:
+        kind = str(node.get("class", ""))
+        if kind.startswith(_EXPRESSIONS):
+            continue
+        if kind in _ANALYSIS_EXPRESSIONS:
+            _check_expression(kind, node, columns)
+        elif kind in _BY_STRING:
+            raise UnsupportedError("IDENTIFIER(...) names a table, column or function by a string Spark reads only "
+                                   "while it runs the query, after iox-batch's checks; write the name itself "
+                                   "(quoted with backticks if needed)")
+        elif kind not in _QUERY_PLANS:
+            raise UnsupportedError(f"Spark reads this SQL as {kind.rsplit('.', 1)[-1]}, not as a read-only query; "
+                                   "iox-batch runs one SELECT over catalog tables")
+        elif kind == _ANALYSIS + "UnresolvedRelation":
+            name = str(node.get("multipartIdentifier"))
+            if name not in allowed_relations or node.get("isStreaming"):
+                raise UnsupportedError(f"Spark would read relation {name.strip('[]')[:80]!r}, which is not a table "
+                                       "of this query's plan; only catalog tables are allowed in FROM")
+        elif kind == _ANALYSIS + "UnresolvedTableValuedFunction":
+            function = _single_name(node.get("name"))
+            if function is None or function.lower() not in GENERATORS:
+                raise UnsupportedError(f"table function {str(node.get('name'))[:80]} is not allowed in FROM; only "
+                                       f"catalog tables and generators ({', '.join(sorted(GENERATORS))}) are")
+        elif kind == _LOGICAL + "UnresolvedHint":
+            if str(node.get("name", "")).lower() not in HINTS:
+                raise UnsupportedError(f"hint {str(node.get('name'))[:80]!r} is not allowed")
+
+
+def _parsed(spark: Any, text: str) -> Any:
+    """Spark's unresolved plan of `text` as JSON (a parse only: nothing is resolved or run)."""
+    from pyspark.errors import PySparkException
+
+    try:
+        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(text)
+    except PySparkException as err:
+        from spark_jobs.errors import sanitize_spark_message
+
+        raise BadQueryError(f"the query does not parse in Spark: {sanitize_spark_message(str(err))}") from err
+    except Exception as err:  # noqa: BLE001 - py4j's own error type carries Spark's ParseException
+        from spark_jobs.errors import sanitize_spark_message
+
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        raise BadQueryError("the query does not parse in Spark: "
+                            f"{sanitize_spark_message(lines[1] if len(lines) > 1 else str(err))}") from err
+    return json.loads(plan.toJSON())
+
+
+def _nodes(tree: Any) -> Iterator[dict[str, Any]]:
+    """Every tree node of the JSON (plan nodes, expressions, subquery plans), iteratively."""
+    stack = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            if "class" in item:
+                yield item
+            stack.extend(v for v in item.values() if isinstance(v, (list, dict)))
+
+
+def _cte_names(nodes: list[dict[str, Any]]) -> set[str]:
+    names: set[str] = set()
+    for node in nodes:
+        if node.get("class") == _LOGICAL + "UnresolvedWith":
+            for relation in node.get("cteRelations") or []:
+                name = relation.get("_1") if isinstance(relation, dict) else None
+                if not isinstance(name, str) or any(ch in name for ch in "[],"):
+                    # "[a, b]" is how the JSON shows a two-part relation name: a CTE name of that shape could
+                    # pass for one.
+                    raise UnsupportedError(f"the CTE name {str(name)[:80]!r} holds brackets or commas; rename it")
+                names.add(name)
+    return names
+
+
+def _single_name(parts: Any) -> str | None:
+    """The one name of a `[name]` list as the JSON shows name parts; None for a qualified name."""
+    if isinstance(parts, dict):  # a FunctionIdentifier
+        if parts.get("database") or parts.get("catalog"):
+            return None
+        parts = parts.get("funcName")
+        return parts if isinstance(parts, str) else None
+    text = str(parts)
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    return None if ", " in text else text
+
+
+def _check_expression(kind: str, node: dict[str, Any], columns: Collection[str]) -> None:
+    if kind == _ANALYSIS + "UnresolvedFunction":
+        name = _single_name(node.get("nameParts"))
+        if name is None or node.get("isInternal") or (name.lower() not in ALLOWED and name.lower() not in SYNTAX):
+            shown = str(node.get("nameParts")).strip("[]")[:80]
+            raise UnsupportedError(f"function {shown}() is not in the allowed list of Spark built-in functions; "
+                                   "queries may call only functions that read nothing but their arguments")
+    elif kind == _ANALYSIS + "UnresolvedGenerator":
+        name = _single_name(node.get("name"))
+        if name is None or name.lower() not in ALLOWED:
+            raise UnsupportedError(f"generator {str(name or node.get('name'))[:80]}() is not in the allowed list of "
+                                   "Spark built-in functions")
+    elif kind == _ANALYSIS + "UnresolvedAttribute":
+        name = _single_name(node.get("nameParts"))
+        if name is not None and name.lower() in REFUSED and name not in columns:
+            raise UnsupportedError(f"Spark would call the function {name.lower()}() for the bare word "
+                                   f"{name[:80]!r}, which is not in the allowed list; name a column")
