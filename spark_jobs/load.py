@@ -21,7 +21,7 @@ def result_to_arrow(result: DataFrame) -> Any:
 def write_result(result: DataFrame, fmt: str, output: Path | None, stdout: Any) -> int:
     """Write the result in `fmt` to `output` (atomically) or to `stdout`. Returns rows written. `arrow` is the
     Arrow IPC file a spark-submit job hands back to the CLI, which prints it."""
-    from iox_planner.output.formats import OutputFormat, finish_columns, render_table, write_text_output
+    from iox_planner.output.formats import OutputFormat, finish_columns, print_table, write_text_output
 
     if fmt == "arrow":
         if output is None:
@@ -51,10 +51,7 @@ def write_result(result: DataFrame, fmt: str, output: Path | None, stdout: Any) 
     if kind is OutputFormat.TABLE:
         if output is not None:
             raise BadInputError("format table prints to the terminal; use csv, jsonl or parquet with --output")
-        from rich.console import Console
-
-        Console(file=stdout, highlight=False, width=None if stdout.isatty() else 1000).print(
-            render_table(table, ns_cols))
+        print_table(table, ns_cols, stdout)
         return int(table.num_rows)
     write_text_output(table, ns_cols, kind, output, stdout)
     return int(table.num_rows)

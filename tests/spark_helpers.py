@@ -47,14 +47,14 @@ class CliResult:
     stderr: str
 
 
-def cli(*args: str) -> CliResult:
-    """Run `iox-batch` in this process (sharing the test session's SparkSession), capturing its output."""
+def cli(*args: str, stdout: io.StringIO | None = None) -> CliResult:
+    """Run `iox-batch` in this process (sharing the test session's SparkSession), capturing its output
+    (standard output into `stdout` when given: one that says it is a terminal, say)."""
     import contextlib
-
 
     from iox_planner.cli import main as iox_cli
 
-    out, err = io.StringIO(), io.StringIO()
+    out, err = stdout if stdout is not None else io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = iox_cli.main(list(args))
     return CliResult(code, out.getvalue(), err.getvalue())

@@ -7,16 +7,16 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from rich.console import Console
-
 from iox_planner import __version__
 from iox_planner.errors import BadInputError, IoxError, clip_message
+from iox_planner.output.terminal import console, visible
 
-# Off a terminal (pipes, files, CI logs) rich would wrap tables at 80 columns: never wrap there, since a
-# reader of piped output wants whole lines.
-_WIDTH = None if sys.stdout.isatty() else 1000
-out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
-err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
+# Every string is printed as text (output/terminal.py). `out` carries what a command is for (a table, a plan):
+# failing to print it fails the command, which changed nothing. `report` tells what a command that changes
+# things did, once it is committed: failing to print that must not make the committed work look failed.
+out = console()
+report = console(best_effort=True)
+err = console(stderr=True, best_effort=True)
 
 
 def _catalog() -> Any:
@@ -38,8 +38,8 @@ def cmd_catalog_migrate(args: argparse.Namespace) -> int:
     version = catalog.schema_version()
     if applied:
         for m in applied:
-            out.print(f"applied {m.version:04d}_{m.name}.sql")
-    out.print(f"catalog schema at version {version}" + ("" if applied else " (nothing to apply)"))
+            report.print(f"applied {m.version:04d}_{m.name}.sql")
+    report.print(f"catalog schema at version {version}" + ("" if applied else " (nothing to apply)"))
     return 0
 
 
@@ -51,8 +51,7 @@ def cmd_write(args: argparse.Namespace) -> int:
     if args.spark:
         from iox_planner.cli.runner import bulk_load
 
-        result = bulk_load(_catalog(), args.db, args.file, Precision(args.precision), args.accept_partial,
-                           lambda line: err.print(line, markup=False))
+        result = bulk_load(_catalog(), args.db, args.file, Precision(args.precision), args.accept_partial, err.print)
         _print_write(result, args.db)
         return 0
     # Streamed: the input is read block by block while its chunks are written, never whole.
@@ -70,9 +69,9 @@ def cmd_write(args: argparse.Namespace) -> int:
 
 def _print_write(result: Any, db: str) -> None:
     for chunk in result.chunks:
-        out.print(f"wrote ingester chunk {chunk.id}: {chunk.table} {chunk.partition}, {chunk.rows} rows, "
-                  f"order {chunk.order}")
-    out.print(f"{result.rows} rows in {len(result.chunks)} chunk(s) written to {db}")
+        report.print(f"wrote ingester chunk {chunk.id}: {chunk.table} {chunk.partition}, {chunk.rows} rows, "
+                     f"order {chunk.order}")
+    report.print(f"{result.rows} rows in {len(result.chunks)} chunk(s) written to {db}")
     if result.rejected:
         err.print(f"rejected {len(result.rejected)} bad line(s): " + "; ".join(str(e) for e in result.rejected))
 
@@ -83,10 +82,10 @@ def cmd_persist(args: argparse.Namespace) -> int:
     catalog = _catalog()
     results = persist(catalog, args.db, table=args.table)
     for r in results:
-        out.print(f"persisted {r.table} {r.partition}: {r.chunks_in} ingester chunk(s), {r.rows_in} rows -> "
-                  f"file {r.file_id} with {r.rows_out} rows (order {r.order})")
+        report.print(f"persisted {r.table} {r.partition}: {r.chunks_in} ingester chunk(s), {r.rows_in} rows -> "
+                     f"file {r.file_id} with {r.rows_out} rows (order {r.order})")
     if not results:
-        out.print("nothing to persist: no ingester chunks")
+        report.print("nothing to persist: no ingester chunks")
     return 0
 
 
@@ -99,7 +98,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
         plans = dry_run(catalog, args.db, table=args.table, partition=args.partition, settings=settings)
         for item in plans:
             for line in describe_plan(item):
-                out.print(line, markup=False)
+                out.print(line)
         if not plans:
             out.print("nothing to compact")
         out.print("dry run: nothing was changed")
@@ -110,13 +109,13 @@ def cmd_compact(args: argparse.Namespace) -> int:
     if runner.compacting_in_spark_submit():
         with catalog.engine.connect() as conn:  # unknown names fail here, before a Spark job starts
             check_target(catalog, conn, args.db, args.table, args.partition)
-        err.print("compacting through spark-submit", markup=False)
+        err.print("compacting through spark-submit")
         t = runner.compact_spark_submit(args.db, args.table, args.partition)
         for o in t["outcomes"]:
             if o["skipped"] is None:
                 err.print(f"{o['table']} {o['partition']}: L{o['level']}: {o['files_in']} file(s), "
                           f"{o['rows_in']:,} rows -> {o['files_out']} file(s), {o['rows_out']:,} rows; "
-                          f"{o['files_promoted']} file(s) promoted in place", markup=False)
+                          f"{o['files_promoted']} file(s) promoted in place")
     else:
         from spark_jobs.compact_job import spark_slice_runner
 
@@ -125,19 +124,18 @@ def cmd_compact(args: argparse.Namespace) -> int:
             return spark_slice_runner(runner.session())(tasks, root)
 
         t = report_dict(compact(catalog, args.db, run_slices, table=args.table,
-                                partition=args.partition, settings=settings,
-                                progress=lambda line: err.print(line, markup=False)))
+                                partition=args.partition, settings=settings, progress=err.print))
     for o in t["outcomes"]:
         note = outcome_note(o)
         if note is not None:
-            out.print(note, markup=False)
+            report.print(note)
     if not t["outcomes"]:
-        out.print("nothing to compact")
+        report.print("nothing to compact")
     else:
-        out.print(f"compacted {t['partitions']} partition(s): {t['files_in']} file(s) in, {t['files_out']} out; "
-                  f"{t['rows_in']:,} rows in, {t['rows_out']:,} out; {t['duplicates_removed']:,} duplicates removed; "
-                  f"{t['files_promoted']} file(s) ({t['rows_promoted']:,} rows) promoted to L1 in place, not "
-                  "rewritten" + (f"; {t['skipped']} skipped" if t["skipped"] else ""))
+        report.print(f"compacted {t['partitions']} partition(s): {t['files_in']} file(s) in, {t['files_out']} "
+                     f"out; {t['rows_in']:,} rows in, {t['rows_out']:,} out; {t['duplicates_removed']:,} duplicates "
+                     f"removed; {t['files_promoted']} file(s) ({t['rows_promoted']:,} rows) promoted to L1 in place, "
+                     "not rewritten" + (f"; {t['skipped']} skipped" if t["skipped"] else ""))
     return 0
 
 
@@ -165,8 +163,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             if args.persist and not batch.rewrite:
                 # Persist hour by hour, so regular hours become sorted files and rewrites overlap them later.
                 persist(catalog, args.db, table="cpu")
-    out.print(f"wrote {rows:,} cpu rows ({args.hosts} hosts, {args.hours} h, "
-              f"{args.rewrite_fraction:.0%} of hours rewritten) to {args.db}")
+    report.print(f"wrote {rows:,} cpu rows ({args.hosts} hosts, {args.hours} h, "
+                 f"{args.rewrite_fraction:.0%} of hours rewritten) to {args.db}")
     return 0
 
 
@@ -177,8 +175,8 @@ def cmd_load(args: argparse.Namespace) -> int:
     catalog = _catalog()
     db, loaded = load_scenario(catalog, scenario, args.db)
     for c in loaded:
-        out.print(f"loaded {c.kind.value} chunk {c.id}: {c.table} {c.partition}, {c.rows} rows, order {c.order}")
-    out.print(f"{len(loaded)} chunk(s) loaded into {db}")
+        report.print(f"loaded {c.kind.value} chunk {c.id}: {c.table} {c.partition}, {c.rows} rows, order {c.order}")
+    report.print(f"{len(loaded)} chunk(s) loaded into {db}")
     return 0
 
 
@@ -189,7 +187,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
     if not args.yes:
         raise BadInputError(f"dropping database {args.db!r} deletes its catalog rows and files; add --yes to confirm")
     drop_database(_catalog(), args.db, warehouse())
-    out.print(f"dropped database {args.db}")
+    report.print(f"dropped database {args.db}")
     return 0
 
 
@@ -204,14 +202,14 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from iox_planner.cli.commands import explain
 
-    out.print(explain(args), markup=False)
+    out.print(explain(args))
     return 0
 
 
 def cmd_query(args: argparse.Namespace) -> int:
     from iox_planner.cli.commands import query
 
-    return query(args, out)
+    return query(args, report)
 
 
 def cmd_materialized_status(args: argparse.Namespace) -> int:
@@ -223,7 +221,8 @@ def cmd_materialized_status(args: argparse.Namespace) -> int:
 def cmd_materialized_refresh(args: argparse.Namespace) -> int:
     from iox_planner.cli.materialized import refresh
 
-    return refresh(args, out)
+    # A dry run's list is what it is for; a real run reports refreshes already committed.
+    return refresh(args, out if args.dry_run else report)
 
 
 # --- argument parsing ----------------------------------------------------------------------------------------
@@ -268,8 +267,8 @@ def _check_argv(args: argparse.Namespace) -> None:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:
-        # argparse quotes the offending value: a hostile one may be megabytes long.
-        super().error(clip_message(message))
+        # argparse quotes the offending value: a hostile one may be megabytes long, or hold terminal commands.
+        super().error(visible(clip_message(message)))
 
 
 def _add_query_options(p: argparse.ArgumentParser) -> None:
@@ -388,33 +387,65 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    for stream in (out, report, err):
+        stream.reset()
+    code = _run(args)
+    _settle_report()
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         _check_argv(args)
         _resolve_sql(args)
         return func(args)
     except IoxError as error:
-        err.print(clip_message(f"error: {error}"), markup=False)
+        err.print(clip_message(f"error: {error}"))
         return error.exit_code
     except KeyboardInterrupt:
-        err.print("interrupted", markup=False)
+        err.print("interrupted")
         return 130
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): not an error of ours.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _detach_stdout()
         return 0
     except Exception as error:  # noqa: BLE001 - the last line of defence: one paragraph, no traceback
         from iox_planner.catalog.store import catalog_unavailable
 
         lost = catalog_unavailable(error)
         if lost is not None:
-            err.print(clip_message(f"error: {lost}"), markup=False)
+            err.print(clip_message(f"error: {lost}"))
             return lost.exit_code
         if os.environ.get("IOX_DEBUG"):
             raise
         err.print(clip_message(f"internal error: {type(error).__name__}: {error}") + " (set IOX_DEBUG=1 for the "
-                  "traceback, and please report it)", markup=False)
+                  "traceback, and please report it)")
         return 70
+
+
+def _settle_report() -> None:
+    """A report that could not be printed changes nothing about what its command did, nor its exit status: say
+    so once (a reader that went away needs no word)."""
+    lost = report.lost
+    if lost is None:
+        return
+    _detach_stdout()
+    if not isinstance(lost, BrokenPipeError):
+        err.print(clip_message(f"warning: the work is done and committed, but its report could not be printed "
+                               f"({type(lost).__name__}: {lost})"))
+
+
+def _detach_stdout() -> None:
+    """Standard output to /dev/null: Python's last flush at exit would fail on the same broken stream and turn
+    the exit status into 120."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # closed, or not a real file (output captured in-process)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -50,10 +50,10 @@ def status(args: argparse.Namespace, console: Any) -> int:
         doc = {"definitions": [r.as_json(args.stale_only) for r in report]}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0
-    from rich.table import Table
+    from iox_planner.output.terminal import PlainTable
 
     for r in report:
-        table = Table(title=f"{r.name} (database {r.db}): {len(r.stale)} stale", title_justify="left")
+        table = PlainTable(title=f"{r.name} (database {r.db}): {len(r.stale)} stale", title_justify="left")
         for column in ("interval start", "interval end", "state", "why"):
             table.add_column(column)
         for i in (r.stale if args.stale_only else r.intervals):
@@ -103,7 +103,7 @@ def refresh(args: argparse.Namespace, console: Any) -> int:
                         "iox-batch", f"refresh:{definition.name}:{format_time(state.start)}:{who}")
                     result = refresh_mod.refresh_interval(definition, state.start, state.end, run, settings,
                                                           executor=executor)
-                    console.print(refresh_mod.describe(result), markup=False)
+                    console.print(refresh_mod.describe(result))
                     refreshed += result.ok
                     failed += not result.ok
                 if args.dry_run and todo:

@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from iox_planner.config import warehouse
 from iox_planner.errors import BadInputError
-from iox_planner.output.formats import OutputFormat, finish_columns, render_table, write_text_output
+from iox_planner.output.formats import OutputFormat, finish_columns, print_table, write_text_output
 from iox_planner.planner.nodes import QueryPlan
 from iox_planner.planner.serde import plan_to_json
 from iox_planner.sparkconf import run_submit, spark_master, spark_submit_command
@@ -80,10 +80,7 @@ def run_spark_submit(plan: QueryPlan, fmt: OutputFormat, output: Path | None, st
 def print_result(table: Any, fmt: OutputFormat, stdout: TextIO) -> int:
     table, ns_cols = finish_columns(table)
     if fmt is OutputFormat.TABLE:
-        from rich.console import Console
-
-        Console(file=stdout, highlight=False, width=None if stdout.isatty() else 1000).print(
-            render_table(table, ns_cols))
+        print_table(table, ns_cols, stdout)
     else:
         write_text_output(table, ns_cols, fmt, None, stdout)
     return int(table.num_rows)

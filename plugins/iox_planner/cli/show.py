@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
 from iox_planner.catalog.names import check_name, excerpt
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import CatalogError
+from iox_planner.output.terminal import PlainTable
 from iox_planner.timeutil import format_time
 
 
@@ -24,11 +24,11 @@ def show(catalog: Catalog, db: str, table: str | None, console: Console) -> None
         chunks = catalog.chunk_rows(conn, db_id, table=table)
         partitions = catalog.partition_rows(conn, db_id, table)
         columns = {name: catalog.table_columns(conn, table_ids[name]) for name in names}
-    console.print(f"database [bold]{db}[/bold]: {len(names)} table(s), {len(partitions)} partition(s), "
+    console.print(f"database {db}: {len(names)} table(s), {len(partitions)} partition(s), "
                   f"{len(chunks)} chunk(s)")
     if not names:
         return
-    tables = Table(title="tables", title_justify="left")
+    tables = PlainTable(title="tables", title_justify="left")
     for col in ("table", "tags", "fields", "partitions", "chunks", "rows"):
         tables.add_column(col, justify="right" if col in ("partitions", "chunks", "rows") else "left")
     for name in names:
@@ -40,7 +40,7 @@ def show(catalog: Catalog, db: str, table: str | None, console: Console) -> None
                        str(sum(1 for p in partitions if p.table_name == name)), str(len(mine)),
                        str(sum(c.row_count for c in mine)))
     console.print(tables)
-    grid = Table(title="chunks", title_justify="left")
+    grid = PlainTable(title="chunks", title_justify="left")
     for col in ("table", "partition", "sort key", "chunk", "kind", "level", "time min", "time max", "rows",
                 "order"):
         grid.add_column(col, justify="right" if col in ("rows", "order") else "left")

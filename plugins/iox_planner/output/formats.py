@@ -102,9 +102,9 @@ def _csv_cell(value: Any) -> Any:
 
 
 def render_table(table: pa.Table, ns_cols: set[str]) -> Any:
-    from rich.table import Table
+    from iox_planner.output.terminal import PlainTable
 
-    grid = Table(show_lines=False)
+    grid = PlainTable(show_lines=False)
     for name in table.column_names:
         grid.add_column(name, justify="right" if pa.types.is_integer(table.schema.field(name).type)
                         or pa.types.is_floating(table.schema.field(name).type) else "left")
@@ -112,6 +112,13 @@ def render_table(table: pa.Table, ns_cols: set[str]) -> Any:
         grid.add_row(*["NULL" if v is None else str(_csv_cell(v)) for v in row])
     grid.caption = f"{table.num_rows} row{'s' if table.num_rows != 1 else ''}"
     return grid
+
+
+def print_table(table: pa.Table, ns_cols: set[str], stdout: TextIO) -> None:
+    """`--format table`: the result for a person to read, every value and name shown as the text it is."""
+    from iox_planner.output.terminal import console
+
+    console(stdout).print(render_table(table, ns_cols))
 
 
 def write_text_output(table: pa.Table, ns_cols: set[str], fmt: OutputFormat, path: Path | None,
