@@ -39,14 +39,20 @@ def write_result(result: DataFrame, fmt: str, output: Path | None, stdout: Any) 
     if kind is OutputFormat.PARQUET:
         if output is None:
             raise BadInputError("parquet output is a folder: give --output PATH")
-        from iox_planner.output.publish import staged_folder
+        from iox_planner.output.publish import staged
 
         # Only the planner's nanosecond helpers go: a user's own `__v` is a result column like any other.
         cols = [c for c in result.columns if not c.startswith(NS_PREFIX)]
         final = result.select(*[q(c) for c in cols])
-        with staged_folder(output) as tmp:
-            final.write.parquet(str(tmp))
-        return int(result.sparkSession.read.parquet(str(output)).count())
+        spark = result.sparkSession
+        with staged(output, folder=True) as stage:
+            # A local master's executors are threads of this driver's JVM (or its children, local-cluster): they
+            # reach the staging folder through this process's descriptor, which no folder swap can re-point. A
+            # cluster's may run on another machine, so they get its name, refused where others could re-point it.
+            local = (spark.sparkContext.master or "").startswith("local")
+            where = str(stage.result if local else stage.shared_result())
+            final.write.parquet(where)
+            return int(spark.read.parquet(where).count())
     table, ns_cols = finish_columns(result_to_arrow(result))
     if kind is OutputFormat.TABLE:
         if output is not None:

@@ -16,10 +16,10 @@ import json
 import os
 import re
 import shutil
-import sys
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn
 
 from iox_planner.errors import BadInputError, IoxError
 from iox_planner.faults import kill_point
@@ -28,6 +28,9 @@ from iox_planner.timeutil import format_time
 
 from iox_airflow.query_request import QueryRequest, ResultFormat
 from iox_airflow.settings import AirflowSettings
+
+if TYPE_CHECKING:
+    from iox_planner.output.publish import PinnedFolder
 
 # Every Spark job lives in spark_jobs/ (beside run_plan.py): the DAGs submit files, they hold no Spark code.
 PARTS_JOB = jobs_dir() / "run_parts.py"
@@ -269,9 +272,14 @@ def plan_summary(query_plan: Any) -> dict[str, Any]:
 def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -> CommitOutcome:
     """Publish the staged result at the output (atomically, by output/publish.py's rules) and, for `register_as`, write
     it as a catalog table too; record the run as succeeded and release its lock, all in one catalog transaction
-    that first checks the lock is still ours. Any failure: the run is marked failed, nothing is published."""
+    that first checks the lock is still ours. Any failure: the run is marked failed, nothing is published.
+
+    From the output check on, the output's folder is held open (output/publish.py `PinnedFolder`): the run's staging
+    folder, everything read from it and the publication all go through that descriptor, so a folder swapped for a
+    link meanwhile neither feeds the commit someone else's files nor receives the result."""
     from iox_planner.catalog import runs
-    from iox_planner.catalog.store import Catalog
+    from iox_planner.catalog.store import Catalog, catalog_unavailable
+    from iox_planner.output.publish import PinnedFolder
 
     kill_point("commit.start")
     catalog = Catalog()  # connects on first use, inside the try: a catalog unreachable from the start is a failure
@@ -288,28 +296,41 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
             staging.remove()
             return CommitOutcome(run_pk, str(request.output), int(done["row_count"] or 0), None)
         fmt = spark_format(request)
-        if not staging.metrics.exists():
-            raise BadInputError(f"the Spark job left no result in {staging.root}; it did not finish")
-        rows = int(json.loads(staging.metrics.read_text())["rows"])
         # Again at publication: a folder under the root swapped for a symlink since planning must not lead out.
-        request.check_output(AirflowSettings.from_env())
-        registered = None
-        from iox_planner.output.publish import publishing_as
-        from iox_planner.catalog.publications import CatalogLedger
+        output = request.check_output(AirflowSettings.from_env())
+        with PinnedFolder(output.parent) as folder:
+            files = _RunFiles(folder, staging)
+            try:
+                if files.lstat(staging.metrics.name) is None:
+                    raise BadInputError(f"the Spark job left no result in {staging.root}; it did not finish")
+                rows = int(json.loads(files.read_text(staging.metrics.name))["rows"])
+                registered = None
+                from iox_planner.output.publish import publishing_as
+                from iox_planner.catalog.publications import CatalogLedger
 
-        with publishing_as(run.holder, CatalogLedger(catalog)), catalog.engine.begin() as conn:
-            runs.check_lock(conn, key, run.holder)
-            if fmt == "arrow":
-                rows, registered = _publish_from_arrow(catalog, conn, request, staging.result(fmt))
-            else:
-                _publish(staging.result(fmt), request.output, request.format)
-            if request.definition is not None and request.time_start is not None and request.time_end is not None:
-                _record_reads(conn, request, staging, run_pk)
-            runs.finish_run(catalog, run_pk, runs.RunStatus.SUCCESS, row_count=rows, conn=conn)
-            runs.release_lock(catalog, key, run.holder, conn=conn)
-            kill_point("commit.before_commit")
-        kill_point("commit.after_commit")
-        staging.remove()
+                with publishing_as(run.holder, CatalogLedger(catalog)), catalog.engine.begin() as conn:
+                    runs.check_lock(conn, key, run.holder)
+                    if fmt == "arrow":
+                        rows, registered = _publish_from_arrow(catalog, conn, request, output, folder, files,
+                                                               staging.result(fmt).name)
+                    else:
+                        _publish(files, staging.result(fmt).name, output, folder, request.format)
+                    if (request.definition is not None and request.time_start is not None
+                            and request.time_end is not None):
+                        _record_reads(conn, request, files, run_pk)
+                    runs.finish_run(catalog, run_pk, runs.RunStatus.SUCCESS, row_count=rows, conn=conn)
+                    runs.release_lock(catalog, key, run.holder, conn=conn)
+                    kill_point("commit.before_commit")
+                kill_point("commit.after_commit")
+                files.remove()
+            except BaseException as err:
+                # As _record_failure would (it keeps the folder only for a retry once the catalog is back), but
+                # through the held folder: after a swap the staging folder's name leads elsewhere.
+                if catalog_unavailable(err) is None:
+                    files.remove()
+                raise
+            finally:
+                files.close()
         return CommitOutcome(run_pk, str(request.output), rows, registered)
     except BaseException as err:
         _fail_run(err, "publishing", catalog, run_pk, key, run, staging)
@@ -317,14 +338,54 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
         catalog.dispose()
 
 
-def _record_reads(conn: Any, request: QueryRequest, staging: Staging, run_pk: int) -> None:
+class _RunFiles:
+    """The run's staging folder, opened through the held output folder (never by its name from `/`), and the
+    files the plan step and the Spark job left in it."""
+
+    def __init__(self, folder: PinnedFolder, staging: Staging) -> None:
+        self.folder, self.staging, self.name, self.where = folder, staging, staging.root.name, staging.root
+        try:
+            self.fd = folder.open_folder(self.name)
+        except OSError:
+            raise BadInputError(f"the Spark job left no result in {staging.root}; it did not finish") from None
+
+    def open(self, name: str) -> int:
+        """A descriptor of the file `name` in it (not a link), or a BadInputError naming what is missing."""
+        try:
+            return os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
+        except OSError:
+            raise BadInputError(f"the run's {name} is missing from {self.where}; the Spark job did not finish "
+                                "writing it") from None
+
+    def read_text(self, name: str) -> str:
+        with os.fdopen(self.open(name), encoding="utf-8") as fh:
+            return fh.read()
+
+    def lstat(self, name: str) -> os.stat_result | None:
+        try:
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+    def remove(self) -> None:
+        """Remove the folder, if its name in the held folder still is this folder."""
+        found, held = self.folder.lstat(self.name), os.fstat(self.fd)
+        if found is not None and (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino):
+            shutil.rmtree(self.name, ignore_errors=True, dir_fd=self.folder.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _record_reads(conn: Any, request: QueryRequest, files: _RunFiles, run_pk: int) -> None:
     """In the publishing transaction: what this run read replaces what the interval's previous run read."""
     from iox_planner.catalog.freshness import TableRead, record_reads
 
     assert request.definition is not None and request.time_start is not None and request.time_end is not None
-    if not staging.reads.exists():
-        raise BadInputError(f"the plan step left no record of what it read in {staging.root}; rerun the interval")
-    reads = [TableRead(**r) for r in json.loads(staging.reads.read_text())]
+    name = files.staging.reads.name
+    if files.lstat(name) is None:
+        raise BadInputError(f"the plan step left no record of what it read in {files.where}; rerun the interval")
+    reads = [TableRead(**r) for r in json.loads(files.read_text(name))]
     record_reads(conn, request.definition, (request.time_start, request.time_end), reads, run_pk)
 
 
@@ -412,39 +473,45 @@ def _record_failure(catalog: Any, run_pk: int, key: Any, run: RunIdentity, stagi
     return True
 
 
-def _publish(staged: Path, output: Path, fmt: ResultFormat) -> None:
+def _publish(files: _RunFiles, name: str, output: Path, folder: PinnedFolder, fmt: ResultFormat) -> None:
     """Publish the staged result over the output: a rename on the same filesystem, by output/publish.py's rules
     (the catalog's publication record, not a marker). What is renamed is a hard link of the staged file, or a
     copy of the staged folder, not the staged result itself: a commit killed after the rename but before its
     transaction committed is retried, and the retry must find the result where the Spark job left it and publish
     it again (the same bytes) rather than fail the run over an output it already replaced. (A folder is copied:
     its files linked again would change the published files' ctime, which a folder's fingerprint includes, and the
-    retry would refuse the output as changed by someone else.)"""
-    from iox_planner.output.publish import staged_file, staged_folder
+    retry would refuse the output as changed by someone else.) Source and destination are both reached through
+    the held output folder."""
+    from iox_planner.output.publish import RESULT, fd_path, staged
 
-    if not staged.exists():
-        raise BadInputError(f"the staged result {staged} is missing; the Spark job did not write it")
-    publish = staged_folder if fmt.is_folder else staged_file
-    with publish(output) as tmp:
+    st = files.lstat(name)
+    if st is None or not (stat.S_ISDIR(st.st_mode) if fmt.is_folder else stat.S_ISREG(st.st_mode)):
+        raise BadInputError(f"the staged result {files.where / name} is missing; the Spark job did not write it")
+    with staged(output, folder=fmt.is_folder, parent=folder) as stage:
         if fmt.is_folder:
-            shutil.copytree(staged, tmp, symlinks=True)
+            shutil.copytree(fd_path(files.fd, name), stage.result, symlinks=True)
         else:
-            os.link(staged, tmp)
+            os.link(name, RESULT, src_dir_fd=files.fd, dst_dir_fd=stage.fd, follow_symlinks=False)
 
 
-def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, staged: Path) -> tuple[int, dict[str, Any]]:
+def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, output: Path, folder: PinnedFolder,
+                        files: _RunFiles, name: str) -> tuple[int, dict[str, Any]]:
     """Register the rows as the catalog table (replacing the interval) and write the requested format."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from iox_planner.ingest import register
     from iox_planner.config import warehouse
-    from iox_planner.output.publish import staged_folder
+    from iox_planner.output.publish import fd_path, staged
     from iox_planner.output.formats import OutputFormat, arrow_for_parquet, finish_columns, write_text_output
 
     assert request.register_as is not None and request.time_start is not None and request.time_end is not None
-    with pa.memory_map(str(staged)) as source:
-        table = pa.ipc.open_file(source).read_all()
+    fd = files.open(name)
+    try:
+        with pa.memory_map(fd_path(fd)) as source:
+            table = pa.ipc.open_file(source).read_all()
+    finally:
+        os.close(fd)
     table, ns_cols = finish_columns(table)
     target = request.register_as
     db = target.db or request.db
@@ -454,11 +521,13 @@ def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, staged: 
                                        interval=(request.time_start, request.time_end), conn=conn,
                                        warehouse=warehouse(), written=written)
         if request.format is ResultFormat.PARQUET:
-            with staged_folder(request.output) as tmp:
-                tmp.mkdir()
-                pq.write_table(arrow_for_parquet(table, ns_cols), tmp / "part-00000.parquet")
+            with staged(output, folder=True, parent=folder) as stage:
+                stage.result.mkdir()
+                pq.write_table(arrow_for_parquet(table, ns_cols), stage.result / "part-00000.parquet")
         else:
-            write_text_output(table, ns_cols, OutputFormat(request.format.value), request.output, sys.stdout)
+            with staged(output, folder=False, parent=folder) as stage, \
+                    open(stage.result, "w", encoding="utf-8", newline="") as fh:
+                write_text_output(table, ns_cols, OutputFormat(request.format.value), None, fh)
     except BaseException:
         for path in written:  # the transaction will not commit: its files go too
             path.unlink(missing_ok=True)
@@ -467,4 +536,3 @@ def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, staged: 
                   "retired": result.retired, "interval_start": format_time(request.time_start),
                   "interval_end": format_time(request.time_end)}
     return table.num_rows, registered
-

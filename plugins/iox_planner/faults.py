@@ -8,7 +8,8 @@ exactly when a step starts (its parent sees the stop with waitpid), may change t
 inside an open transaction, say), and then kills at a measured moment after that point.
 Both variables are read once, at import: unset (always, outside those tests) a kill point costs two comparisons
 with None. Names in use: `write.before_commit`, `persist.before_commit`, `bulk.after_tasks` and
-`bulk.before_commit` (`ingest/bulk.py`), `publish.before_rename`,
+`bulk.before_commit` (`ingest/bulk.py`), `publish.before_write` (the output's folder is checked and held open,
+its private staging folder made: the writer, Spark or the commit step, is about to fill it), `publish.before_rename`,
 `publish.after_rename`, `publish.old_moved_aside`, and in the DAGs' commit step (`dags/iox_airflow/runs.py`)
 `commit.start`, `commit.before_commit`, `commit.after_commit`."""
 

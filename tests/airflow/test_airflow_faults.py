@@ -42,7 +42,7 @@ from iox_planner.ingest.scenario import load_scenario, read_scenario
 # The fault suite's own-cluster helpers (tests/faults/fault_support.py): the Postgres tests below stop and restart
 # a cluster of their own, never the one the other tests' catalog lives in.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
-from fault_support import FaultWorld, Restarter, own_world  # noqa: E402
+from fault_support import FaultWorld, Restarter, own_world, proc_stats  # noqa: E402
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
 
@@ -53,15 +53,8 @@ SPARK_POINTS = POINTS
 
 def _children() -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        out.setdefault(ppid, []).append(int(entry.name))
+    for pid, fields in proc_stats():
+        out.setdefault(int(fields[1]), []).append(pid)
     return out
 
 

@@ -275,31 +275,36 @@ def test_publishing_a_staged_result_leaves_it_for_a_retry(catalog: Catalog, tmp_
     """Regression: the commit step moved the staged result into place, so a commit killed after the rename but
     before its transaction committed could not be retried (no staged result left: the run was failed)."""
     from iox_airflow.query_request import ResultFormat
-    from iox_airflow.runs import _publish
+    from iox_airflow.runs import RunIdentity, Staging, _publish, _RunFiles
 
     from iox_planner.catalog.publications import CatalogLedger
-    from iox_planner.output.publish import publishing_as
+    from iox_planner.output.publish import PinnedFolder, publishing_as
 
-    staged = tmp_path / "stage" / ("result" if fmt == "parquet" else "result.jsonl")
-    staged.parent.mkdir()
+    output = tmp_path / "out" / ("r" if fmt == "parquet" else "r.jsonl")
+    output.parent.mkdir()
+    staging = Staging.for_run(output, RunIdentity("core", "retry"))  # beside the output, as a run's is
+    staging.root.mkdir()
+    staged = staging.result(fmt)
     if fmt == "parquet":
         staged.mkdir()
         pq.write_table(pa.table({"x": [1, 2]}), staged / "part-00000.parquet")
     else:
         staged.write_text('{"x": 1}\n{"x": 2}\n')
-    output = tmp_path / "out" / ("r" if fmt == "parquet" else "r.jsonl")
-    output.parent.mkdir()
 
     def published() -> list[Any]:
         if fmt == "parquet":
             return pq.read_table(output / "part-00000.parquet").column("x").to_pylist()
         return output.read_text().splitlines()
 
-    with publishing_as("core/retry", CatalogLedger(catalog)):
-        for _ in range(2):  # the commit, then its retry
-            _publish(staged, output, ResultFormat(fmt))
-            assert staged.exists() and published() in ([1, 2], ['{"x": 1}', '{"x": 2}'])
-    assert sorted(p.name for p in output.parent.iterdir()) == [output.name]
+    with publishing_as("core/retry", CatalogLedger(catalog)), PinnedFolder(output.parent) as folder:
+        files = _RunFiles(folder, staging)
+        try:
+            for _ in range(2):  # the commit, then its retry
+                _publish(files, staged.name, output, folder, ResultFormat(fmt))
+                assert staged.exists() and published() in ([1, 2], ['{"x": 1}', '{"x": 2}'])
+        finally:
+            files.close()
+    assert sorted(p.name for p in output.parent.iterdir()) == sorted([output.name, staging.root.name])
 
 
 def test_a_plan_killed_after_taking_the_lock_is_recorded_by_the_failure_path(catalog: Catalog, db: str,

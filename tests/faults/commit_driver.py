@@ -1,6 +1,7 @@
 """Runs the DAGs' commit step (dags/iox_airflow/runs.py `commit`) for one prepared run, as the commit task would,
 in a process of its own that the fault tests kill (or whose Postgres they restart). Exit status as the CLI's: 0,
-1 for a failed run, 75 when it failed because the catalog was unreachable. Argument: a JSON spec (request, run identity, handle)."""
+1 for a failed run, 75 when it failed because the catalog was unreachable. Argument: a JSON spec (request, run
+identity, handle); a request without `register_table` publishes only the output."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def main() -> int:
     r = spec["request"]
     request = QueryRequest(db=r["db"], sql=r["sql"], output=Path(r["output"]), format=ResultFormat(r["format"]),
                            time_start=r["time_start"], time_end=r["time_end"], definition=r["definition"],
-                           register_as=RegisterAs(r["register_table"], tuple(r["register_tags"])))
+                           register_as=(RegisterAs(r["register_table"], tuple(r["register_tags"]))
+                                        if r.get("register_table") else None))
     try:
         outcome = commit(request, RunIdentity(spec["dag_id"], spec["run_id"]), spec["handle"])
     except RunFailed as err:

@@ -177,6 +177,69 @@ def run_and_kill(args: list[str], env: dict[str, str], delay: float | None, *, s
         return Outcome(killed, proc.returncode, out.read(), err.read(), seconds)
 
 
+def proc_stats() -> Iterator[tuple[int, list[str]]]:
+    """Every process: its pid and the fields of /proc/<pid>/stat after its name (state, ppid, pgrp, session...)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        yield int(entry.name), text[text.rindex(")") + 2:].split()
+
+
+def stopped_in_session(sid: int) -> list[int]:
+    """The processes of session `sid` that are stopped (state T: at a pause point, IOX_FAULT_PAUSE_AT)."""
+    return [pid for pid, fields in proc_stats() if fields[0] in ("T", "t") and int(fields[3]) == sid]
+
+
+class PausedCommand:
+    """A command in a session (and process group) of its own, run with IOX_FAULT_PAUSE_AT set: `wait_stopped`
+    returns once one of its processes (the command itself, or the Python driver of a job it runs through
+    spark-submit) stopped at the pause point, so the test can change the world before `resume`."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self._out = tempfile.TemporaryFile("w+")
+        self._err = tempfile.TemporaryFile("w+")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err, env=env,
+                                     start_new_session=True, text=True)
+
+    def wait_stopped(self, timeout: float = 600) -> bool:
+        """True once a process of the command stopped; False if the command ended first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:  # a stopped child is not reported by poll()
+                return False
+            if stopped_in_session(self.proc.pid):
+                return True
+            time.sleep(0.05)
+        self.finish(kill=True)
+        raise AssertionError(f"no pause point reached in {timeout} s")
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def finish(self, timeout: float = 600, *, kill: bool = False) -> Outcome:
+        """Wait for the command (or kill it) and what it printed; stragglers of its group go too."""
+        try:
+            if kill:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._out.seek(0)
+        self._err.seek(0)
+        outcome = Outcome(kill, self.proc.returncode, self._out.read(), self._err.read(),
+                          time.monotonic() - self.started)
+        self._out.close()
+        self._err.close()
+        return outcome
+
+
 def assert_clean_failure(outcome: Outcome, context: str) -> None:
     """A command that was not killed either succeeded or failed with one paragraph, no traceback."""
     if outcome.killed or outcome.returncode in (0, -signal.SIGKILL):  # -9: it reached its named kill point

@@ -67,21 +67,43 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_standalone_cluster_gives_the_same_rows_as_local(cluster: str, spark: Any, catalog: Catalog, db: str,
-                                                         tmp_path: Path) -> None:
+SQL = "SELECT t, v, w, time FROM m ORDER BY t"
+EXPECTED = [("a", 10.0, 1.0), ("b", 2.0, 21.0), ("c", 3.0, None), ("d", 4.0, None)]
+
+
+def _load(catalog: Catalog, db: str) -> None:
     load(catalog, db, [
         {"id": "F1", "kind": "parquet", "lines": f"m,t=a v=1,w=1 {T0}\nm,t=b v=2 {T0 + 1}\nm,t=c v=3 {T0 + 2}"},
         {"id": "F2", "kind": "parquet", "lines": f"m,t=a v=10 {T0}\nm,t=d v=4 {T0 + 3}"},
         {"id": "I3", "kind": "ingester", "lines": f"m,t=b w=20 {T0 + 1}\nm,t=b w=21 {T0 + 1}"},
     ])
-    sql = "SELECT t, v, w, time FROM m ORDER BY t"
+
+
+def test_standalone_cluster_gives_the_same_rows_as_local(cluster: str, spark: Any, catalog: Catalog, db: str,
+                                                         tmp_path: Path) -> None:
+    _load(catalog, db)
     local_out, cluster_out = tmp_path / "local.jsonl", tmp_path / "cluster.jsonl"
-    local = cli("query", "--db", db, sql, "--format", "jsonl", "--output", str(local_out))
+    local = cli("query", "--db", db, SQL, "--format", "jsonl", "--output", str(local_out))
     assert local.returncode == 0, local.stderr
-    remote = run_cli("query", "--db", db, sql, "--format", "jsonl", "--output", str(cluster_out),
+    remote = run_cli("query", "--db", db, SQL, "--format", "jsonl", "--output", str(cluster_out),
                      env={"IOX_SPARK_MASTER": cluster, "IOX_RUNNER": "spark-submit"})
     assert remote.returncode == 0, remote.stderr
     rows = [json.loads(line) for line in cluster_out.read_text().splitlines()]
     assert rows == [json.loads(line) for line in local_out.read_text().splitlines()]
-    assert [(r["t"], r["v"], r["w"]) for r in rows] == [
-        ("a", 10.0, 1.0), ("b", 2.0, 21.0), ("c", 3.0, None), ("d", 4.0, None)]
+    assert [(r["t"], r["v"], r["w"]) for r in rows] == EXPECTED
+
+
+def test_standalone_cluster_writes_parquet_where_nobody_else_can_repoint_it(cluster: str, catalog: Catalog, db: str,
+                                                                           tmp_path: Path) -> None:
+    """The executors write the Parquet folder by name (they cannot use the driver's descriptors): allowed here,
+    below folders only this user and root can change, and published like any other output."""
+    import pyarrow.parquet as pq
+
+    _load(catalog, db)
+    out = tmp_path / "cluster.parquet"
+    remote = run_cli("query", "--db", db, SQL, "--format", "parquet", "--output", str(out),
+                     env={"IOX_SPARK_MASTER": cluster, "IOX_RUNNER": "spark-submit"})
+    assert remote.returncode == 0, remote.stderr
+    rows = sorted((r["t"], r["v"], r["w"]) for r in pq.read_table(out).to_pylist())
+    assert rows == EXPECTED
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.parquet"]  # no staging or lock left beside it

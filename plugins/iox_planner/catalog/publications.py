@@ -50,8 +50,14 @@ class CatalogLedger:
                                 .where(t.c.path == str(path)).order_by(t.c.id.desc()).limit(count)).all()
         return [Publication(r.path, r.kind, r.fingerprint, r.run) for r in rows]
 
-    def record(self, publication: Publication) -> None:
+    def record(self, publication: Publication) -> int:
+        """Record a publication about to happen; returns the record's id, for `withdraw`."""
         with self._engine().begin() as conn:
-            conn.execute(output_publications.insert().values(
+            return int(conn.execute(output_publications.insert().values(
                 path=publication.path, kind=publication.kind, fingerprint=publication.fingerprint,
-                run=publication.run, published_at=sa.func.now()))
+                run=publication.run, published_at=sa.func.now()).returning(output_publications.c.id)).scalar_one())
+
+    def withdraw(self, record: int) -> None:
+        """Take back a record whose publication did not happen (its rename failed or was refused)."""
+        with self._engine().begin() as conn:
+            conn.execute(output_publications.delete().where(output_publications.c.id == record))

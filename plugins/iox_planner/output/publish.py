@@ -1,6 +1,8 @@
 """Atomic publication of outputs: a result is written aside and renamed into place, and an existing path is only
 replaced when the catalog's record says iox-batch published exactly what is there (a marker file proved nothing).
-Where outputs may never go (the warehouse, the project, the Python installation) is decided here too."""
+From the check on, the output's folder is held open and every step goes through that descriptor, so a folder
+swapped for a link meanwhile redirects nothing. Where outputs may never go (the warehouse, the project, the Python
+installation) is decided here too."""
 
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ import re
 import shutil
 import stat
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -149,24 +150,152 @@ def _short(text: str, size: int = 120) -> str:
     return text if len(text) <= size else text[: size - 3] + "..."
 
 
-def fingerprint(path: Path) -> str:
-    """What the thing at `path` is now (see above); a symlink or special file has none that matches."""
-    st = os.lstat(path)
+def _why(err: OSError) -> str:
+    return err.strerror.lower() if err.strerror else type(err).__name__
+
+
+# --- the approved folder, held open -----------------------------------------------------------------------------------
+# From the check on, everything happens through descriptors. The output's folder is opened one component at a time,
+# following no link, so what is held is the folder at the approved path and not wherever a link leads; the checks
+# of what is at the path, the sweep, the lock, the private staging folder and the renames are all relative to it.
+# A writer that needs a path (Spark, pyarrow, open()) gets /proc/<pid>/fd/<staging fd>/result: the kernel resolves
+# /proc/<pid>/fd/<n> to the held folder itself, so no folder name on the way can be re-pointed. Just before the
+# publication is recorded, and again just before the rename, the approved path is walked again: when it no longer
+# leads to the held folder (moved, or replaced by a link), nothing is published and nothing stays recorded. (A swap
+# in the microseconds between that last walk and the rename cannot redirect the rename: it still lands in the
+# folder the checks approved.)
+
+
+def _walk(folder: Path) -> tuple[int, list[os.stat_result]]:
+    """A readable descriptor of the absolute, link-free `folder`, opened component by component without following
+    a link, and the stat of every folder on the way (`/` first)."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
+    try:
+        chain = [os.fstat(fd)]
+        for part in folder.parts[1:]:
+            step = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = step
+            chain.append(os.fstat(fd))
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), chain
+    finally:
+        os.close(fd)
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _repointable(folder: os.stat_result, entry: os.stat_result) -> bool:
+    """Whether a user other than this one and root may move or replace `entry` inside `folder`: the folder is
+    someone else's, or others may write in it and it is not sticky (in a sticky folder such as /tmp only an entry's
+    owner may move it). Permission bits only, as sshd's StrictModes: ACLs are not read."""
+    trusted = (0, os.geteuid())
+    if folder.st_uid not in trusted:
+        return True
+    if not folder.st_mode & 0o022:
+        return False
+    return not (folder.st_mode & stat.S_ISVTX and entry.st_uid in trusted)
+
+
+def fd_path(fd: int, name: str = "") -> str:
+    """A path to `name` inside the folder `fd` holds, usable by this process and by any process of this user on this
+    machine (a local Spark JVM): the kernel resolves /proc/<pid>/fd/<n> to the held folder itself."""
+    base = f"/proc/{os.getpid()}/fd/{fd}"
+    return f"{base}/{name}" if name else base
+
+
+def _moved(target: Path, folder: Path) -> BadInputError:
+    return BadInputError(
+        f"nothing was published at {_short(str(target))}: its folder {_short(str(folder))} was moved or replaced "
+        "(by a link, say) after it was checked, so that path no longer leads to the folder iox-batch checked and "
+        "wrote in. The result was dropped and no publication is recorded; find out who changes that folder, then "
+        "run the command again")
+
+
+class PinnedFolder:
+    """The output's folder, held open from its check on (see above)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.fd, self._chain = _walk(path)
+        except PermissionError:
+            raise BadInputError(f"cannot write in {_short(str(path))}: permission denied (iox-batch opens and lists "
+                                "the output's folder); choose a folder you may read and write") from None
+        except OSError as err:
+            raise BadInputError(
+                f"cannot write in {_short(str(path))}: {_why(err)} on its path, which changed since it was checked "
+                "(a folder on it moved, vanished or became a link); nothing was written. Run the command again"
+            ) from None
+
+    def __enter__(self) -> PinnedFolder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def in_place(self) -> bool:
+        """The approved path still leads, link-free, to the held folder."""
+        try:
+            fd, _ = _walk(self.path)
+        except OSError:
+            return False
+        try:
+            return _same(os.fstat(fd), os.fstat(self.fd))
+        finally:
+            os.close(fd)
+
+    def require_in_place(self, target: Path) -> None:
+        if not self.in_place():
+            raise _moved(target, self.path)
+
+    def lstat(self, name: str) -> os.stat_result | None:
+        return _lstat_at(self.fd, name)
+
+    def open_folder(self, name: str) -> int:
+        """A descriptor of the folder `name` inside this one (not a link to one)."""
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.fd)
+
+    def exposed(self, entry: os.stat_result) -> Path | None:
+        """The first folder from `/` down to this one in which a user other than this one and root could move or
+        replace what comes next on the way (for this folder: `entry`, an entry of it), if any."""
+        nexts = [*self._chain[1:], entry]
+        for depth, (folder, nxt) in enumerate(zip(self._chain, nexts)):
+            if _repointable(folder, nxt):
+                return Path(*self.path.parts[:depth + 1])
+        return None
+
+
+def fingerprint_at(dir_fd: int, name: str) -> str:
+    """What `name` inside the folder `dir_fd` holds is now (see the top of the module); a symlink or special file has
+    none that matches."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if stat.S_ISREG(st.st_mode):
         digest = hashlib.sha256()
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
         with os.fdopen(fd, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
         return f"sha256:{st.st_size}:{digest.hexdigest()}"
     if stat.S_ISDIR(st.st_mode):
         digest = hashlib.sha256()
-        for top, dirs, files in os.walk(path, followlinks=False):
+        # fwalk never follows a link and reaches every entry through its folder's descriptor.
+        for top, dirs, files, top_fd in os.fwalk(name, dir_fd=dir_fd):
             dirs.sort()
             for entry in sorted([*dirs, *files]):
-                full = os.path.join(top, entry)
-                e = os.lstat(full)
-                rel = os.path.relpath(full, path)
+                e = os.stat(entry, dir_fd=top_fd, follow_symlinks=False)
+                rel = os.path.relpath(os.path.join(top, entry), name)
                 kind = "d" if stat.S_ISDIR(e.st_mode) else "f" if stat.S_ISREG(e.st_mode) else "o"
                 size = e.st_size if kind == "f" else 0
                 digest.update(f"{rel}\0{kind}\0{size}\0{e.st_ino}\0{e.st_mtime_ns}\0{e.st_ctime_ns}\n".encode())
@@ -178,13 +307,24 @@ def check_destination(path: Path | str, *, folder: bool) -> Path:
     """`path` must be free, or exactly what iox-batch published there (the catalog's record matches it).
     Anything else is an error, never deleted. Returns the checked absolute path."""
     target = safe_output_path(path)
-    if not os.path.lexists(target):
-        return target
+    with PinnedFolder(target.parent) as parent:
+        _check_at(parent, target, folder=folder)
+    return target
+
+
+def _check_at(parent: PinnedFolder, target: Path, *, folder: bool) -> None:
+    """check_destination's verdict on what `parent`, held open, has under the target's name."""
+    st = parent.lstat(target.name)
+    if st is None:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise BadInputError(f"output {_short(str(target))} is a symbolic link; iox-batch does not write through "
+                            "links: give the real path")
     want = "folder" if folder else "file"
-    if folder and not target.is_dir():
+    if folder and not stat.S_ISDIR(st.st_mode):
         raise BadInputError(f"cannot write a folder at {_short(str(target))}: a file is there (iox-batch never "
                             "deletes what it did not write); remove it or choose another path")
-    if not folder and target.is_dir():
+    if not folder and stat.S_ISDIR(st.st_mode):
         raise BadInputError(f"cannot write a file at {_short(str(target))}: a folder is there; remove it or choose "
                             "another path")
     records = [r for r in _recent(target) if r.kind == want]
@@ -194,10 +334,9 @@ def check_destination(path: Path | str, *, folder: bool) -> Path:
     # A publication is recorded just BEFORE its rename (so a run killed after the rename leaves a path its rerun
     # may replace); a run killed between the two left the previous publication in place, so the two newest
     # records both vouch for what iox-batch put there.
-    if fingerprint(target) not in {r.fingerprint for r in records}:
+    if fingerprint_at(parent.fd, target.name) not in {r.fingerprint for r in records}:
         raise BadInputError(f"{_short(str(target))} was written by iox-batch but changed since (by someone else), so "
                             "it is not replaced; remove it or choose another path")
-    return target
 
 
 def _recent(target: Path) -> list[Any]:
@@ -208,37 +347,22 @@ def _recent(target: Path) -> list[Any]:
     return [] if latest is None else [latest]
 
 
-class _Folder:
-    """The output's folder, held open: renames happen relative to it, so a folder swapped for a symlink between
-    the check and the publication cannot redirect them."""
-
-    def __init__(self, folder: Path) -> None:
-        self.path = folder
-        self.fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        if os.path.realpath(f"/proc/self/fd/{self.fd}") != str(folder) and Path("/proc/self/fd").is_dir():
-            os.close(self.fd)
-            raise BadInputError(f"the output folder {_short(str(folder))} changed while it was checked; try again")
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
 def _temp_name(name: str, suffix: str, token: str | None = None) -> str:
     # Hidden, random, and derived from nothing a query controls: a hostile query cannot name it in advance.
     return f".{name[:100]}.{token or uuid.uuid4().hex}.{suffix}"
 
 
 # --- what a killed run leaves behind ----------------------------------------------------------------------------------
-# A run publishing `name` holds an exclusive flock on `.<name>.<token>.lock` from before it creates its staged
-# `.<name>.<token>.tmp` until it is done; the old output it moves aside is `.<name>.<token>.old`. The kernel drops
-# the lock when the process dies however it dies (SIGKILL included), so the next run publishing the same name
-# finds the lock free and removes that token's leftovers. A live run's lock is never free, so its files are never
-# touched; only names of exactly this form, next to this output, are.
+# A run publishing `name` holds an exclusive flock on `.<name>.<token>.lock` from before it creates its private
+# staging folder `.<name>.<token>.tmp` until it is done; the old output it moves aside is `.<name>.<token>.old`.
+# The kernel drops the lock when the process dies however it dies (SIGKILL included), so the next run publishing
+# the same name finds the lock free and removes that token's leftovers. A live run's lock is never free, so its
+# files are never touched; only names of exactly this form, next to this output, are.
 _TOKEN = re.compile(r"[0-9a-f]{32}")
 
 
 class _RunLock:
-    def __init__(self, parent: _Folder, name: str) -> None:
+    def __init__(self, parent: PinnedFolder, name: str) -> None:
         self.token = uuid.uuid4().hex
         self.name = _temp_name(name, "lock", self.token)
         self.parent = parent
@@ -246,12 +370,14 @@ class _RunLock:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
 
     def release(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.name, dir_fd=self.parent.fd)
+        found = self.parent.lstat(self.name)
+        if found is not None and _same(found, os.fstat(self.fd)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.name, dir_fd=self.parent.fd)
         os.close(self.fd)
 
 
-def sweep_leftovers(parent: _Folder, name: str) -> list[str]:
+def sweep_leftovers(parent: PinnedFolder, name: str) -> list[str]:
     """Remove the staged and set-aside copies of `name` left by publishing runs that died. Returns their names."""
     prefix = f".{name[:100]}."
     removed: list[str] = []
@@ -272,7 +398,7 @@ def sweep_leftovers(parent: _Folder, name: str) -> list[str]:
                 continue  # its run is alive
             for suffix in ("tmp", "old"):
                 leftover = _temp_name(name, suffix, token)
-                st = _lstat_at(parent, leftover)
+                st = parent.lstat(leftover)
                 if st is None:
                     continue
                 if stat.S_ISDIR(st.st_mode):
@@ -288,109 +414,143 @@ def sweep_leftovers(parent: _Folder, name: str) -> list[str]:
     return removed
 
 
-def _lstat_at(parent: _Folder, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
+RESULT = "result"
+"""The result's name inside a stage's private folder (renamed to the output's name when published)."""
 
 
-@dataclass
-class _Stage:
-    """A publication in progress: the checked target, its open parent folder, this run's lock on the name and the
-    temporary sibling the result is written to."""
+class Stage:
+    """A publication in progress: the checked target, its held folder, this run's lock on the name, and the private
+    folder `.<name>.<token>.tmp` (this user's, mode 0700, held open too) the result is written into as `result`."""
 
-    target: Path
-    folder: bool
-    parent: _Folder
-    lock: _RunLock
-    tmp_name: str
+    def __init__(self, target: Path, folder: bool, parent: PinnedFolder, lock: _RunLock) -> None:
+        self.target, self.folder, self.parent, self.lock = target, folder, parent, lock
+        self.name = _temp_name(target.name, "tmp", lock.token)
+        os.mkdir(self.name, 0o700, dir_fd=parent.fd)
+        self.fd = os.open(self.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent.fd)
+        # Anyone who may write in the output's folder could have put a folder of theirs in ours' place meanwhile.
+        if os.fstat(self.fd).st_uid != os.geteuid() or os.listdir(self.fd):
+            os.close(self.fd)
+            raise _moved(target, parent.path)
+        os.fchmod(self.fd, 0o700)  # whatever the umask: nobody else enters it
 
     @property
-    def tmp(self) -> Path:
-        return self.target.parent / self.tmp_name
+    def result(self) -> Path:
+        """Where to write the result, for this process and local processes of this user (a local Spark JVM):
+        through the private folder's descriptor, so no swapped folder can redirect it."""
+        return Path(fd_path(self.fd, RESULT))
 
-    def record(self, published: str) -> None:
-        """Record the publication in the catalog BEFORE the rename (a run killed right after the rename is still
-        recognised as ours by its rerun), the target checked again first: still the thing we checked (or gone)."""
-        if os.path.lexists(self.target):
-            check_destination(self.target, folder=self.folder)
-        _ledger().record(_publication(self.target, "folder" if self.folder else "file", published))
-        kill_point("publish.before_rename")
+    def shared_result(self) -> Path:
+        """Where to write the result for writers that cannot use this process's descriptors (a cluster's executors
+        reach the folder by name, maybe from another machine): the name, allowed only when nobody but this user
+        and root can move or replace a folder on its way. A swap by this user or root is still caught before the
+        publication (`publish`), though the executors' files then lie where the name led."""
+        exposed = self.parent.exposed(os.fstat(self.fd))
+        if exposed is not None:
+            raise BadInputError(
+                f"cannot write {_short(str(self.target))} from the cluster's executors: they reach it by name, and "
+                f"users other than you and root may move or replace what is in {_short(str(exposed))} (writable by "
+                "others and not sticky, or someone else's), so they could redirect the write. Choose an output in a "
+                "folder only you can change, or run Spark locally (IOX_SPARK_MASTER=local[*])")
+        return self.parent.path / self.name / RESULT
+
+    def publish(self) -> None:
+        """Record the publication, then rename the result into place, both only while the approved path still
+        leads to the held folder; a failed rename takes the record back."""
+        kind = "folder" if self.folder else "file"
+        st = _lstat_at(self.fd, RESULT)
+        if st is None or not (stat.S_ISDIR(st.st_mode) if self.folder else stat.S_ISREG(st.st_mode)):
+            raise BadInputError(f"the result for {_short(str(self.target))} was not written as a {kind}")
+        published = fingerprint_at(self.fd, RESULT)
+        self.parent.require_in_place(self.target)
+        _check_at(self.parent, self.target, folder=self.folder)  # still what was checked, or gone
+        # Recorded BEFORE the rename: a run killed right after the rename is still recognised as ours by its rerun.
+        # Killed between the two, the record vouches for a fingerprint nothing at the path has (harmless: it can
+        # only match these same bytes, or this folder's very inodes).
+        ledger = _ledger()
+        record = ledger.record(_publication(self.target, kind, published))
+        try:
+            kill_point("publish.before_rename")
+            self.parent.require_in_place(self.target)
+            self._rename_into_place()
+        except BaseException:
+            with contextlib.suppress(Exception):  # a catalog gone meanwhile keeps a record that matches nothing
+                ledger.withdraw(record)
+            raise
+        kill_point("publish.after_rename")
+
+    def _rename_into_place(self) -> None:
+        p = self.parent.fd
+        name = self.target.name
+        if not self.folder:
+            os.replace(RESULT, name, src_dir_fd=self.fd, dst_dir_fd=p)
+            return
+        # A folder cannot replace a folder in one rename: the old one (checked to be ours) moves aside first.
+        old = None
+        if self.parent.lstat(name) is not None:
+            old = _temp_name(name, "old", self.lock.token)
+            os.rename(name, old, src_dir_fd=p, dst_dir_fd=p)
+            kill_point("publish.old_moved_aside")
+        try:
+            os.rename(RESULT, name, src_dir_fd=self.fd, dst_dir_fd=p)
+        except BaseException:
+            if old is not None:
+                with contextlib.suppress(OSError):
+                    os.rename(old, name, src_dir_fd=p, dst_dir_fd=p)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True, dir_fd=p)
+
+    def discard(self) -> None:
+        """Remove the private folder with whatever is left in it (only if that name still is ours), and close it."""
+        try:
+            found = self.parent.lstat(self.name)
+            if found is not None and _same(found, os.fstat(self.fd)):
+                shutil.rmtree(self.name, ignore_errors=True, dir_fd=self.parent.fd)
+        finally:
+            os.close(self.fd)
 
 
 @contextlib.contextmanager
-def _staging(path: Path, *, folder: bool) -> Iterator[_Stage]:
-    """Check the destination, sweep what dead runs left beside it, lock its name, and afterwards remove the
-    temporary (if it was not renamed into place) and release everything."""
-    target = check_destination(path, folder=folder)
-    parent = _Folder(target.parent)
+def staged(path: Path | str, *, folder: bool, parent: PinnedFolder | None = None) -> Iterator[Stage]:
+    """Check the destination, hold its folder open (or use `parent`, the caller's hold on it), sweep what dead runs
+    left beside it, lock its name and make the private staging folder; the block writes the result
+    (`Stage.result`), which is published when the block succeeds. The staging folder and the lock go either way."""
+    target = safe_output_path(path)
+    held = parent if parent is not None else PinnedFolder(target.parent)
     try:
-        sweep_leftovers(parent, target.name)
-        lock = _RunLock(parent, target.name)
-    except BaseException:
-        parent.close()
-        raise
-    stage = _Stage(target, folder, parent, lock, _temp_name(target.name, "tmp", lock.token))
-    try:
-        yield stage
+        if parent is not None and (parent.path != target.parent or not parent.in_place()):
+            raise _moved(target, parent.path)
+        _check_at(held, target, folder=folder)
+        sweep_leftovers(held, target.name)
+        try:
+            lock = _RunLock(held, target.name)
+        except OSError as err:  # a folder one may not write in, a read-only filesystem...
+            raise BadInputError(f"cannot write in {_short(str(held.path))}: {_why(err)}; choose a folder you may "
+                                "write in") from None
+        try:
+            stage = Stage(target, folder, held, lock)
+            try:
+                kill_point("publish.before_write")
+                yield stage
+                stage.publish()
+            finally:
+                stage.discard()
+        finally:
+            lock.release()
     finally:
-        if folder:
-            if os.path.lexists(stage.tmp):
-                shutil.rmtree(stage.tmp_name, ignore_errors=True, dir_fd=parent.fd)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(stage.tmp_name, dir_fd=parent.fd)
-        lock.release()
-        parent.close()
+        if parent is None:
+            held.close()
 
 
 @contextlib.contextmanager
-def staged_file(path: Path) -> Iterator[Path]:
-    """Yield a temporary sibling to write; publish it over `path` atomically when the block succeeds, and record
-    the publication in the catalog."""
-    with _staging(path, folder=False) as stage:
-        yield stage.tmp
-        stage.record(fingerprint(stage.tmp))
-        os.replace(stage.tmp_name, stage.target.name, src_dir_fd=stage.parent.fd, dst_dir_fd=stage.parent.fd)
-        kill_point("publish.after_rename")
-
-
-@contextlib.contextmanager
-def staged_folder(path: Path) -> Iterator[Path]:
-    """Yield a temporary sibling folder to fill; swap it in for `path` when the block succeeds, and record the
-    publication in the catalog."""
-    with _staging(path, folder=True) as stage:
-        yield stage.tmp
-        if not stage.tmp.is_dir() or stage.tmp.is_symlink():
-            raise BadInputError(f"the result for {_short(str(stage.target))} was not written as a folder")
-        stage.record(fingerprint(stage.tmp))
-        publish_folder(stage.tmp, stage.target, _dir_fd=stage.parent.fd, _token=stage.lock.token)
-        kill_point("publish.after_rename")
+def staged_file(path: Path | str) -> Iterator[Path]:
+    """A path to write the file result to (see `Stage.result`); published over `path` atomically when the block
+    succeeds, and recorded in the catalog."""
+    with staged(path, folder=False) as stage:
+        yield stage.result
 
 
 def _publication(target: Path, kind: str, fp: str) -> Any:
     from iox_planner.catalog.publications import Publication
 
     return Publication(str(target), kind, fp, _run_label())
-
-
-def publish_folder(tmp: Path, path: Path, *, _dir_fd: int | None = None, _token: str | None = None) -> None:
-    """Swap a finished folder in: the old one (checked to be ours) moves aside, the new one takes its name, the
-    old goes. Both live in one folder, so each step is a rename."""
-    own = _dir_fd is None
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY) if own else _dir_fd
-    assert fd is not None
-    try:
-        old_name = None
-        if os.path.lexists(path):
-            check_destination(path, folder=True)  # still the thing we checked
-            old_name = _temp_name(path.name, "old", _token)
-            os.replace(path.name, old_name, src_dir_fd=fd, dst_dir_fd=fd)
-            kill_point("publish.old_moved_aside")
-        os.replace(tmp.name, path.name, src_dir_fd=fd, dst_dir_fd=fd)
-        if old_name is not None:
-            shutil.rmtree(old_name, ignore_errors=True, dir_fd=fd)
-    finally:
-        if own:
-            os.close(fd)
