@@ -357,8 +357,8 @@ _MEASUREMENT_STOPS = ", "
 _MEASUREMENT_ESCAPES = ", "
 _KEY_STOPS = ",= "
 _KEY_ESCAPES = ",= "
-# In a string value; everything else after a backslash (a newline included) keeps the backslash.
-_STRING_ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "r": "\r", "t": "\t"}
+# In a string value; everything else after a backslash (`n`, `r`, `t` and a newline included) keeps the backslash.
+_STRING_ESCAPES = {'"': '"', "\\": "\\"}
 _STRING_SPECIAL = re.compile(r'["\\]')
 
 
