@@ -280,6 +280,7 @@ def test_a_registered_result_follows_the_write_paths_name_rules(catalog: Catalog
         ("rollup", result(**{"a\u2028b": [1.0]}), "a line separator (U+2028)"),
         ("rollup", result(**{" ": [1.0]}), "only whitespace"),
         ("rollup", result(**{"__chunk_order": [1]}), "starts with '__'"),
+        ("é" * 2000, result(v=[1.0]), "longer than 2048 bytes"),  # 4000 bytes: the catalog could not index it
     ]:
         with pytest.raises(BadInputError, match=words.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
             register_interval(catalog, db, table, data, tags=[], interval=(T0, T0 + DAY))

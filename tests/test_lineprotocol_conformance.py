@@ -366,10 +366,20 @@ def test_limits_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
     assert [(e.line, e.column) for e in result.errors] == [(1, 11), (2, 1)]
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "ten", "1e3", "99999999999"])
+@pytest.mark.parametrize("value", ["0", "-1", "ten", "1e3", "99999999999", "9" * 5000])
 def test_a_bad_limit_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("IOX_LP_MAX_LINE_BYTES", value)
     with pytest.raises(BadInputError, match=r"IOX_LP_MAX_LINE_BYTES.*the default \(1048576\)"):
+        parse("m f=1", default_time=NOW)
+
+
+def test_names_cannot_be_allowed_longer_than_the_catalog_can_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name is a key of the catalog's unique indexes (Postgres: 2704 bytes an entry at most); a longer one
+    would fail the write at its commit, so the limit stops below that."""
+    monkeypatch.setenv("IOX_LP_MAX_NAME_BYTES", "2048")
+    assert parse(f"{'m' * 2048} f=1", default_time=NOW).errors == ()
+    monkeypatch.setenv("IOX_LP_MAX_NAME_BYTES", "2049")
+    with pytest.raises(BadInputError, match=r"IOX_LP_MAX_NAME_BYTES=.* from 1 to 2048; .*default \(256\)"):
         parse("m f=1", default_time=NOW)
 
 

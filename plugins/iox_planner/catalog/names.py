@@ -23,6 +23,11 @@ order mark, skipped at the start of an input and a trap anywhere else: an invisi
 another table) and lone surrogates (no UTF-8 encodes them; only a YAML escape or a Python caller can make one)."""
 UNPRINTABLE = re.compile(f"[{UNPRINTABLE_CHARS}]")
 
+MAX_NAME_BYTES = 2048
+"""The longest table or column name, in UTF-8 bytes: names are keys of the catalog's unique indexes, whose Postgres
+entries hold at most 2704 bytes, so a longer name would fail at the commit of a write (line protocol's own limit,
+`IOX_LP_MAX_NAME_BYTES`, is 256 by default and may be raised up to this)."""
+
 RESERVED_PREFIX = "__"
 """Names starting so belong to iox-batch: its internal columns (`__time_ns`, `__chunk_order`, `__seq`) and the
 views and helpers the planner adds (`__iox_...`), which no query may name."""
@@ -49,12 +54,14 @@ def describe_char(c: str) -> str:
 
 def name_problem(kind: str, name: str) -> str | None:
     """Why `name` cannot be a measurement (`kind` "measurement": a table) or a tag or field key ("tag", "field":
-    a column), or None if it can. Refused: empty, an unprintable character (`UNPRINTABLE`), only whitespace (a
-    query's FROM cannot name it), `RESERVED_PREFIX`, and a tag or field named `time` (the timestamp's column).
-    Every other name can be queried as a backquoted identifier."""
+    a column), or None if it can. Refused: empty, longer than `MAX_NAME_BYTES`, an unprintable character
+    (`UNPRINTABLE`), only whitespace (a query's FROM cannot name it), `RESERVED_PREFIX`, and a tag or field named
+    `time` (the timestamp's column). Every other name can be queried as a backquoted identifier."""
     what = "measurement name" if kind == "measurement" else f"{kind} key"
     if not name:
         return f"empty {what}"
+    if len(name) * 4 > MAX_NAME_BYTES and len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"{what} {excerpt(name)} is longer than {MAX_NAME_BYTES} bytes, the most the catalog can hold"
     bad = UNPRINTABLE.search(name)
     if bad is not None:
         return (f"{describe_char(bad.group())} is not allowed in the {what} {excerpt(name)}: names hold printable "

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
-from iox_planner.catalog.names import UNPRINTABLE, UNPRINTABLE_CHARS, describe_char, name_problem
+from iox_planner.catalog.names import MAX_NAME_BYTES, UNPRINTABLE, UNPRINTABLE_CHARS, describe_char, name_problem
 from iox_planner.errors import BadInputError
 from iox_planner.model import ColumnType
 from iox_planner.timeutil import INT64_MAX, INT64_MIN
@@ -90,6 +90,9 @@ _LIMIT_VARS = {
     "errors_shown": "IOX_LP_ERRORS_SHOWN",
     "excerpt_bytes": "IOX_LP_EXCERPT_BYTES",
 }
+# The most a limit may be raised to, where less than 2^31: a longer name than the catalog can index would fail the
+# write at its commit, as a catalog error.
+_LIMIT_MAX = {"max_name_bytes": MAX_NAME_BYTES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +122,10 @@ class Limits:
             text = source.get(var)
             if text is None or text == "":
                 continue
-            if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 2**31:
+            top = _LIMIT_MAX.get(name, 2**31)
+            if not (text.isascii() and text.isdigit() and len(text) <= 10) or not 1 <= int(text) <= top:
                 raise BadInputError(f"{var}={_quote(text, 32)} is not allowed: it must be a whole number from 1 to "
-                                    f"{2**31}; unset it to use the default ({getattr(cls(), name)})")
+                                    f"{top}; unset it to use the default ({getattr(cls(), name)})")
             values[name] = int(text)
         return cls(**values)
 

@@ -156,7 +156,7 @@ def register_interval(
     check_range(start, end)
     problem = name_problem("measurement", table)
     if problem is not None:
-        raise BadInputError(f"table name {table!r} is not allowed: {problem}")
+        raise BadInputError(f"a result cannot be registered as this table: {problem}")
     data, columns = catalog_columns(data, tags)
     times = data[TIME].to_numpy()
     outside = int(np.count_nonzero((times < start) | (times >= end)))
