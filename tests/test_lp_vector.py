@@ -361,7 +361,6 @@ def test_a_block_odd_the_same_way_on_every_line_equals_exact(body: str) -> None:
     "__iox_scan_0,h=h{v}",   # a measurement the planner reserves
     "__Seq,h=h{v}",          # an internal column's prefix, in another case
     "\u3000,h=h{v}",         # a measurement of whitespace only
-    "m,\u00a0=h{v}",         # a tag key of whitespace only
     "m,h=h{v}\u0085",        # a C1 control in a tag value
     "m\ufeff,h=h{v}",        # a byte order mark inside a name
     "m,__h=h{v}",            # a reserved tag key

@@ -27,6 +27,7 @@ NAMES: list[tuple[str, str, str, str]] = [
     ("dashes", "disk-io", "host-name", "read-bytes"),
     ("spaces", "net stats", "host name", "bytes in"),
     ("edge spaces", " lead", "trail ", " both "),
+    ("blank keys", "blank", " ", "  "),
     ("unicode", "mesure_été", "hôte", "température°C"),
     ("other scripts", "測定", "ホスト", "مقدار\u200cها"),
     ("emoji", "📈 load", "🖥️", "👩\u200d💻"),

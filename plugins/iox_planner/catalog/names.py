@@ -55,8 +55,9 @@ def describe_char(c: str) -> str:
 def name_problem(kind: str, name: str) -> str | None:
     """Why `name` cannot be a measurement (`kind` "measurement": a table) or a tag or field key ("tag", "field":
     a column), or None if it can. Refused: empty, longer than `MAX_NAME_BYTES`, an unprintable character
-    (`UNPRINTABLE`), only whitespace (a query's FROM cannot name it), `RESERVED_PREFIX`, and a tag or field named
-    `time` (the timestamp's column). Every other name can be queried as a backquoted identifier."""
+    (`UNPRINTABLE`), a measurement of whitespace only (a query's FROM cannot name it; a column can be: `` ` ` ``),
+    `RESERVED_PREFIX`, and a tag or field named `time` (the timestamp's column). Every other name can be queried
+    as a backquoted identifier."""
     what = "measurement name" if kind == "measurement" else f"{kind} key"
     if not name:
         return f"empty {what}"
@@ -66,8 +67,8 @@ def name_problem(kind: str, name: str) -> str | None:
     if bad is not None:
         return (f"{describe_char(bad.group())} is not allowed in the {what} {excerpt(name)}: names hold printable "
                 "characters only")
-    if not name.strip():
-        return f"{what} {excerpt(name)} is only whitespace, which no query can name; use a visible name"
+    if kind == "measurement" and not name.strip():
+        return f"{what} {excerpt(name)} is only whitespace, which no query can name as a table; use a visible name"
     if kind != "measurement" and name == TIME:
         return f"{what} 'time' is reserved for the timestamp; rename the {kind}"
     if name.startswith(RESERVED_PREFIX):

@@ -28,10 +28,9 @@ Deliberately different:
   do; the reference makes it part of the first measurement name, a table no one can tell from `cpu`;
 - names follow `catalog.names.name_problem`, so that every name written can be queried: as PRODUCT.md's data
   model says, a tag or field named `time` or starting with `__` is refused, and so is a measurement starting with
-  `__`, a name of whitespace only (the corpus takes a tag key of one space), and a name or tag value holding a
-  C1 control character (U+0080 to U+009F), a line or paragraph separator or U+FEFF (`names.UNPRINTABLE`); the
-  corpus (decoded by v2.1) takes a control character in a tag value, which the decoder's later releases refuse,
-  as here;
+  `__` or of whitespace only, and a name or tag value holding a C1 control character (U+0080 to U+009F), a line
+  or paragraph separator or U+FEFF (`names.UNPRINTABLE`); the corpus (decoded by v2.1) takes a control character
+  in a tag value, which the decoder's later releases refuse, as here;
 - a name used as a tag and as a field of one measurement, two fields with one name on a line (a row holds one
   value per column) and invalid UTF-8 anywhere, comments included (`decode_utf8`), are refused.
 Columns count characters (code points), from 1, in the line as given (after a skipped byte order mark).
