@@ -245,6 +245,50 @@ def test_load_is_all_or_nothing(catalog: Catalog, db: str, warehouse: Path) -> N
     assert catalog_counts(catalog) == before_rows
 
 
+@pytest.mark.parametrize(("lines", "words"), [
+    (f"__iox_scan_0 v=1 {T0}", "chunk A: field `lines`: line 1, column 1: measurement name '__iox_scan_0' starts "
+                               "with '__', which is reserved"),
+    (f"m v=1 {T0}\n\\  v=1 {T0}", "chunk A: field `lines`: line 2, column 1: measurement name ' ' is only whitespace"),
+    (f"m v=1 {T0}\nm,t=a\u0085 v=2 {T0}", "chunk A: field `lines`: line 2, column 6: the control character U+0085"),
+    # A YAML "\ud800" escape makes a lone surrogate, which no UTF-8 (and no Parquet file) can hold.
+    (f"m,t=a s=\"x\ud800\" {T0}", "chunk A: field `lines`: it is not Unicode text: line 1, column 11: a lone "
+                                   "surrogate U+D800"),
+])
+def test_a_scenario_follows_the_write_paths_name_rules(catalog: Catalog, db: str, lines: str, words: str) -> None:
+    before = catalog_counts(catalog)
+    with pytest.raises(BadInputError) as info:
+        load_scenario(catalog, parse_scenario({"chunks": [{"id": "A", "kind": "ingester", "lines": lines}]}), db)
+    assert words in str(info.value)
+    assert catalog_counts(catalog) == before
+
+
+def test_a_registered_result_follows_the_write_paths_name_rules(catalog: Catalog, db: str) -> None:
+    """A materialized result written as a table takes only names a query can use (the rule of `iox-batch write`)."""
+    import pyarrow as pa
+
+    from iox_planner.ingest.register import register_interval
+
+    def result(**columns: list[object]) -> pa.Table:
+        return pa.table({"time": pa.array([T0 // 1000], pa.timestamp("us", "UTC")),
+                         **{k: pa.array(v) for k, v in columns.items()}})
+
+    before = catalog_counts(catalog)
+    for table, data, words in [
+        ("__iox_scan_0", result(v=[1.0]), "starts with '__'"),
+        ("\u3000", result(v=[1.0]), "only whitespace"),
+        ("rollup\n", result(v=[1.0]), "a newline"),
+        ("rollup", result(**{"a\u2028b": [1.0]}), "a line separator (U+2028)"),
+        ("rollup", result(**{"__chunk_order": [1]}), "starts with '__'"),
+        ("é" * 2000, result(v=[1.0]), "longer than 2048 bytes"),  # 4000 bytes: the catalog could not index it
+    ]:
+        with pytest.raises(BadInputError, match=words.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
+            register_interval(catalog, db, table, data, tags=[], interval=(T0, T0 + DAY))
+    assert catalog_counts(catalog) == before
+    ok = register_interval(catalog, db, "sys.cpu", result(**{"host.name": ["a"], "it's `x`": [2.0]}),
+                           tags=["host.name"], interval=(T0, T0 + DAY))
+    assert ok.rows == 1
+
+
 def test_load_refuses_duplicate_orders(catalog: Catalog, db: str) -> None:
     scenario = parse_scenario({"chunks": [
         {"id": "A", "kind": "parquet", "order": 4, "lines": f"m,t=a v=1 {T0}"},

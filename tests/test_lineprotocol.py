@@ -130,9 +130,11 @@ def test_string_escapes_quote_and_backslash() -> None:
     assert fields_of(r'm s="say \"hi\" \\ ok"') == {"s": (S, 'say "hi" \\ ok')}
 
 
-def test_string_unescapes_n_r_t_and_keeps_backslash_before_other_characters() -> None:
-    # As the reference: \n, \r and \t are a newline, a carriage return and a tab; \, and \v stay as written.
-    assert fields_of(r'm s="a\nb\rc\td\,e\v"') == {"s": (S, "a\nb\rc\td\\,e\\v")}
+def test_string_keeps_backslash_before_anything_but_a_quote_or_a_backslash() -> None:
+    # As the conformance corpus and InfluxDB 3: \n, \r and \t are a backslash and a letter (a Windows path stays
+    # a path), as are \, and \v.
+    assert fields_of(r'm s="a\nb\rc\td\,e\v"') == {"s": (S, "a\\nb\\rc\\td\\,e\\v")}
+    assert fields_of(r'm p="C:\new\table\\x"') == {"p": (S, "C:\\new\\table\\x")}
 
 
 def test_string_may_hold_commas_spaces_and_equals_signs() -> None:

@@ -129,3 +129,23 @@ def test_many_bad_lines_make_a_short_message(catalog: Catalog, db: str, tmp_path
     data = b"".join(f"m f=x{i}\n".encode() for i in range(500))
     result = write(db, data, tmp_path, "file")
     assert_refused_fast(result, 0, untouched, "500 bad lines", "line 1, column 5", "and 495 more bad lines")
+
+
+@pytest.mark.parametrize("how", ["file", "stdin"])
+def test_a_byte_order_mark_and_backslash_escapes_are_read_as_written(
+        catalog: Catalog, warehouse: Path, db: str, tmp_path: Path, how: str) -> None:
+    """A Windows editor's UTF-8 file (a byte order mark first) writes table `m`, not `\\ufeffm`; `\\n` and `\\t`
+    in a string stay a backslash and a letter (a Windows path stays a path)."""
+    data = b"\xef\xbb\xbf" + f'm,t=a p="C:\\new\\table" {T0}\n'.encode()
+    result = write(db, data, tmp_path, how)
+    assert result.returncode == 0, result.stderr
+    assert {c["table_name"] for c in live_chunks(catalog, db)} == {"m"}
+    assert [r["p"] for r in stored_rows(catalog, warehouse, db)] == ["C:\\new\\table"]
+
+
+@pytest.mark.parametrize("line", ["__iox_scan_0 f=1", "\\  f=1", "m f=1,__seq=2"])
+def test_a_name_no_query_could_use_is_refused_at_write(db: str, tmp_path: Path, untouched: Any, line: str) -> None:
+    result = write(db, f"m f=1 {T0}\n{line} {T0}\n".encode(), tmp_path, "file")
+    assert_one_paragraph_error(result, "line 2, column ")
+    assert "reserved" in result.stderr or "only whitespace" in result.stderr
+    untouched.check()

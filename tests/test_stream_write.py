@@ -1,5 +1,6 @@
 """Streamed writes against the real catalog and warehouse: chunk size, write order across chunks, all-or-nothing,
-and UTF-8 errors numbered in the whole input however it is cut into blocks."""
+UTF-8 errors numbered in the whole input however it is cut into blocks, and a byte order mark skipped at the start
+of an input only (of each file of a bulk load, never of a later block or byte range)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.blocks import line_blocks
-from iox_planner.ingest.lineprotocol import decode_utf8
+from iox_planner.ingest import bulk
+from iox_planner.ingest.lineprotocol import BOM, decode_utf8
 from iox_planner.ingest.persist import persist
 from iox_planner.ingest.write import write_line_blocks, write_line_protocol
 
@@ -188,3 +190,56 @@ def test_arrow_columns_from_python_values_match_pyarrows_own() -> None:
         got = column(values, type_)
         got.validate(full=True)
         assert got.equals(pa.array(values, type=type_)), (type_, values, got)
+
+
+class _Trickle:
+    """A stream that hands out one byte a read, as a slow pipe may."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = io.BytesIO(data)
+
+    def read(self, n: int = -1) -> bytes:
+        return self.data.read(1)
+
+
+@pytest.mark.parametrize("reader", ["whole", "trickle"])
+def test_a_byte_order_mark_starting_the_input_is_skipped(catalog: Catalog, db: str, reader: str) -> None:
+    """A Windows editor's UTF-8 file: its mark is not part of the first measurement's name, however the bytes
+    arrive; a later line starting with one is refused, naming its line."""
+    data = BOM + b"".join(f"cpu,host=h{k % 3} v={k}i {T0 + k}\n".encode() for k in range(50))
+    stream: Any = io.BytesIO(data) if reader == "whole" else _Trickle(data)
+    result = write_line_blocks(catalog, db, line_blocks(stream, "in", block_bytes=64))
+    assert result.rows == 50
+    assert {c["table_name"] for c in live_chunks(catalog, db)} == {"cpu"}
+    before = catalog_counts(catalog)
+    with pytest.raises(BadInputError, match=r"line 51, column 1: a byte order mark \(U\+FEFF\)"):
+        write_line_blocks(catalog, db, line_blocks(io.BytesIO(data + BOM + b"cpu v=1i 1\n"), "in", block_bytes=64))
+    assert catalog_counts(catalog) == before
+
+
+def test_a_bulk_load_skips_a_byte_order_mark_at_the_start_of_each_file_only(catalog: Catalog, db: str,
+                                                                            warehouse: Path, tmp_path: Path) -> None:
+    """Each file of a folder is an input of its own (its mark is skipped, by the task reading its first range);
+    a range cut just before a mark in the middle of a file is not the start of an input: the mark is refused
+    there, as the plain write of that file refuses it."""
+    lines = [f"m,host=h{k % 3} f={k}i {T0 + k}\n".encode() for k in range(40)]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.lp").write_bytes(BOM + b"".join(lines[:20]))
+    (folder / "b.lp").write_bytes(BOM + b"".join(lines[20:]))
+    said: list[str] = []
+    result = bulk.bulk_write(catalog, db, str(folder), bulk.local_runner, target_bytes=100, warehouse=warehouse,
+                             progress=said.append)
+    assert result.rows == 40 and not any("plain writes" in line for line in said), said
+    assert len(bulk.plan_ranges(bulk.input_files(str(folder)), 100)) > 2
+    assert {c["table_name"] for c in live_chunks(catalog, db)} == {"m"}
+
+    before = catalog_counts(catalog)
+    inside = tmp_path / "inside.lp"
+    head = b"".join(lines[:10])
+    inside.write_bytes(head + BOM + b"".join(lines[10:]))
+    assert bulk.plan_ranges(bulk.input_files(str(inside)), len(head) - 1)[1].start == len(head)
+    with pytest.raises(BadInputError, match=r"line 11, column 1: a byte order mark"):
+        bulk.bulk_write(catalog, db, str(inside), bulk.local_runner, target_bytes=len(head) - 1,
+                        warehouse=warehouse)
+    assert catalog_counts(catalog) == before

@@ -3,7 +3,8 @@
 A block ends at a LF (never inside a UTF-8 sequence: LF is one byte that no multi-byte sequence contains), is
 decoded strictly as UTF-8 by `lineprotocol.decode_utf8`, the first bad byte reported by its line and column in
 the whole input, and is split into physical lines without their LF. The last block is whatever follows the last
-LF (possibly an empty line, as `str.split` gives for a text ending in LF).
+LF (possibly an empty line, as `str.split` gives for a text ending in LF). A byte order mark at the very start of
+the input is skipped here, once (a block or a bulk load's byte range that starts later is not the input's start).
 
 Memory is bounded by the block and the longest line: a line longer than both the block and
 `IOX_LP_MAX_LINE_BYTES` (so a bad line whatever it holds) stops the read with an error instead of being held
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from iox_planner.errors import BadInputError
-from iox_planner.ingest.lineprotocol import Limits, decode_utf8
+from iox_planner.ingest.lineprotocol import BOM, Limits, check_text, decode_utf8, skip_bom
 
 BLOCK_BYTES = 16 * 1024 * 1024
 _LF = 0x0A
@@ -43,21 +44,19 @@ def open_input(source: str) -> tuple[BinaryIO, str]:
 
 
 class Block:
-    """Whole lines of the input: the bytes between two LFs (without the last), or lines already split (a text
-    that was never bytes). `lines()` gives Python strings for the exact parser, `arrow()` an Arrow string array
-    for the vectorized one; both check UTF-8 and number a bad byte in the whole input.
+    """Whole lines of the input: the bytes between two LFs (without the last). `lines()` gives Python strings for
+    the exact parser, `arrow()` an Arrow string array for the vectorized one; both check UTF-8 and number a bad
+    byte in the whole input.
 
     The reader hands over its read buffer and where the block ends in it (`_end`), so the vectorized path reads
     the bytes where they are; `data` copies them out only for a caller that asks."""
 
-    __slots__ = ("_buf", "_end", "_newlines", "text_lines", "final", "lines_before", "name")
+    __slots__ = ("_buf", "_end", "_newlines", "final", "lines_before", "name")
 
-    def __init__(self, data: bytes | None, final: bool, lines_before: int, name: str,
-                 text_lines: list[str] | None = None) -> None:
+    def __init__(self, data: bytes | None, final: bool, lines_before: int, name: str) -> None:
         self._buf: bytes | bytearray | None = data
         self._end = 0 if data is None else len(data)
         self._newlines: int | None = None
-        self.text_lines = text_lines
         self.final = final
         self.lines_before = lines_before
         self.name = name
@@ -78,14 +77,12 @@ class Block:
         return bytes(memoryview(self._buf)[:self._end])
 
     def lines(self) -> list[str]:
-        if self.text_lines is not None:
-            return self.text_lines
         data = self.data
         assert data is not None
         return decode_utf8(data, self.name, self.lines_before).split("\n")
 
     def arrow(self) -> pa.Array | None:
-        """The lines as one Arrow string array (None for a block given as Python strings)."""
+        """The lines as one Arrow string array."""
         if self._buf is None:
             return None
         # One binary value over the read buffer itself (no copy); the cast to string checks UTF-8.
@@ -120,16 +117,32 @@ def _line_too_long(name: str, line: int, size: int, limit: int) -> BadInputError
         "line, or raise IOX_LP_MAX_LINE_BYTES if such lines are expected")
 
 
+def _read_start(stream: BinaryIO, block_bytes: int) -> bytes:
+    """The first read of an input, without its byte order mark (read on until the mark is whole or ruled out)."""
+    data = stream.read(block_bytes)
+    while data and len(data) < len(BOM) and BOM.startswith(data):
+        more = stream.read(block_bytes)
+        if not more:
+            break
+        data += more
+    if data.startswith(BOM):
+        data = skip_bom(data) or stream.read(block_bytes)
+    return data
+
+
 def line_blocks(stream: BinaryIO, name: str, block_bytes: int = BLOCK_BYTES,
-                max_line_bytes: int | None = None) -> Iterator[Block]:
+                max_line_bytes: int | None = None, start_of_input: bool = True) -> Iterator[Block]:
     """The whole stream as blocks of whole lines, in order. A line that grows past both `block_bytes` and
-    `max_line_bytes` (default `IOX_LP_MAX_LINE_BYTES`) without a LF raises `BadInputError`."""
+    `max_line_bytes` (default `IOX_LP_MAX_LINE_BYTES`) without a LF raises `BadInputError`. `start_of_input`: the
+    stream starts where the input does, so a byte order mark there is skipped (False for a later byte range)."""
     limit = Limits.from_env().max_line_bytes if max_line_bytes is None else max_line_bytes
     bound = max(block_bytes, limit)
     pending = b""
     lines_before = 0
+    first = start_of_input
     while True:
-        data = stream.read(block_bytes)
+        data = _read_start(stream, block_bytes) if first else stream.read(block_bytes)
+        first = False
         if not data:
             yield Block(pending, True, lines_before, name)
             return
@@ -148,10 +161,6 @@ def line_blocks(stream: BinaryIO, name: str, block_bytes: int = BLOCK_BYTES,
 
 
 def text_blocks(text: str, name: str = "input", block_bytes: int = BLOCK_BYTES) -> Iterator[Block]:
-    """The same blocks over a text already in memory."""
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: never from decoded input, but the exact parser takes any str
-        yield Block(None, True, 0, name, text.split("\n"))
-        return
-    yield from line_blocks(io.BytesIO(data), name, block_bytes)
+    """The same blocks over a text already in memory (a lone surrogate in it is refused: `check_text`)."""
+    check_text(text, name)
+    yield from line_blocks(io.BytesIO(text.encode("utf-8")), name, block_bytes)

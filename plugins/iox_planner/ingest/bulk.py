@@ -279,7 +279,8 @@ def parse_range(r: Range, params: TaskParams) -> RangeResult:
     try:
         with open_input(r.path, r.pin) as f:
             f.seek(r.start)
-            blocks = line_blocks(cast(BinaryIO, _Bounded(f, r.end - r.start)), r.name)
+            # Only the first range starts where the file does: a byte order mark counts there alone.
+            blocks = line_blocks(cast(BinaryIO, _Bounded(f, r.end - r.start)), r.name, start_of_input=r.start == 0)
             for parsed in plain.parse_blocks(blocks, parser):
                 if parser.errors:
                     return RangeResult(r.file_index, r.range_index, problem="a bad line")

@@ -9,21 +9,31 @@ Two paths share one grammar. Most lines (no backslash, no double quote, single s
 path; anything it does not like, including every error, is handed to the character scanner, which is the one
 source of error messages and columns. So the fast path only has to be right about what it accepts.
 
-The grammar is the one InfluxData's own parser (line-protocol v2, `lineprotocol.Decoder`) accepts, so a point it
-takes comes out the same here and a line it refuses is refused here:
+The grammar is InfluxData's: the published conformance corpus (github.com/influxdata/line-protocol-corpus) and,
+where it is silent, the decoder it was made with (line-protocol v2, `lineprotocol.Decoder`). A point the corpus
+decodes comes out the same here and an input it refuses is refused here:
 - sections are separated by one or more spaces; only spaces: a tab or any other control character (U+0000 to
   U+001F, U+007F) is refused in a measurement, tag key, tag value or field key, at the start of a line and in a
   comment line; leading and trailing spaces are ignored; a line ends at LF or CRLF (a CR alone is refused);
 - a backslash escapes `,` and space in a measurement and `,`, `=` and space in tag keys, tag values and field keys;
   before anything else (a second backslash included) it is a literal backslash;
-- a string field value may span lines (it holds the newlines) and unescapes `\\"`, `\\\\`, `\\n`, `\\r`, `\\t`;
+- a string field value may span lines (it holds the newlines) and unescapes `\\"` and `\\\\` only: `\\n`, `\\r`
+  and `\\t` stay a backslash and a letter, as in the corpus, InfluxDB 3's own parser and InfluxDB 1 and 2 (only
+  the decoder's later releases, from v2.2.0, read them as control characters);
 - floats are Go's: `1`, `-1.5e10`, `.5`, `1.`, `1_000.5` (underscores between digits), hex `0x1p-2`; never `+1`,
   `inf` or `NaN`; integers `-12i` and unsigned `12u` are decimal digits only, each in its 64-bit range;
 - a line without a timestamp takes the write's time truncated to the precision, as the reference does.
-Deliberately stricter: as PRODUCT.md's data model says, a tag or field named `time` or starting with `__` and a
-name used as a tag and as a field of one measurement are refused; so are two fields with one name on a line (a row
-holds one value per column) and invalid UTF-8 anywhere, comments included (`decode_utf8`). Columns count
-characters (code points), from 1, in the line as given.
+Deliberately different:
+- a byte order mark (U+FEFF) at the very start of the input is skipped (`skip_bom`), as text readers commonly
+  do; the reference makes it part of the first measurement name, a table no one can tell from `cpu`;
+- names follow `catalog.names.name_problem`, so that every name written can be queried: as PRODUCT.md's data
+  model says, a tag or field named `time` or starting with `__` is refused, and so is a measurement starting with
+  `__` or of whitespace only, and a name or tag value holding a C1 control character (U+0080 to U+009F), a line
+  or paragraph separator or U+FEFF (`names.UNPRINTABLE`); the corpus (decoded by v2.1) takes a control character
+  in a tag value, which the decoder's later releases refuse, as here;
+- a name used as a tag and as a field of one measurement, two fields with one name on a line (a row holds one
+  value per column) and invalid UTF-8 anywhere, comments included (`decode_utf8`), are refused.
+Columns count characters (code points), from 1, in the line as given (after a skipped byte order mark).
 """
 
 from __future__ import annotations
@@ -36,8 +46,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
+from iox_planner.catalog.names import MAX_NAME_BYTES, UNPRINTABLE, UNPRINTABLE_CHARS, describe_char, name_problem
 from iox_planner.errors import BadInputError
-from iox_planner.model import TIME, ColumnType
+from iox_planner.model import ColumnType
 from iox_planner.timeutil import INT64_MAX, INT64_MIN
 
 UINT64_MAX = 2**64 - 1
@@ -78,6 +89,9 @@ _LIMIT_VARS = {
     "errors_shown": "IOX_LP_ERRORS_SHOWN",
     "excerpt_bytes": "IOX_LP_EXCERPT_BYTES",
 }
+# The most a limit may be raised to, where less than 2^31: a longer name than the catalog can index would fail the
+# write at its commit, as a catalog error.
+_LIMIT_MAX = {"max_name_bytes": MAX_NAME_BYTES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +121,10 @@ class Limits:
             text = source.get(var)
             if text is None or text == "":
                 continue
-            if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 2**31:
+            top = _LIMIT_MAX.get(name, 2**31)
+            if not (text.isascii() and text.isdigit() and len(text) <= 10) or not 1 <= int(text) <= top:
                 raise BadInputError(f"{var}={_quote(text, 32)} is not allowed: it must be a whole number from 1 to "
-                                    f"{2**31}; unset it to use the default ({getattr(cls(), name)})")
+                                    f"{top}; unset it to use the default ({getattr(cls(), name)})")
             values[name] = int(text)
         return cls(**values)
 
@@ -204,9 +219,9 @@ _GO_DECIMAL = re.compile(rf"-?(?:{_DIGITS}(?:\.(?:{_DIGITS})?)?|\.{_DIGITS})(?:[
 _GO_HEX = re.compile(rf"-?0[xX](?:(?:_?{_HEX})+(?:\.(?:{_HEX}(?:_?{_HEX})*)?)?|\.{_HEX}(?:_?{_HEX})*)"
                      rf"[pP][+-]?{_DIGITS}")
 
-# U+0000-U+001F and U+007F: the reference refuses them everywhere but inside string values.
+# U+0000-U+001F and U+007F: the reference refuses them everywhere but inside string values (names and tag values
+# refuse more: `names.UNPRINTABLE`).
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
-_CONTROL_NAMES = {"\t": "a tab", "\r": "a carriage return", "\x00": "a NUL byte"}
 
 _VALUE_HELP = (
     "expected a float (1.5, -2, .5, 1e10), an integer (12i), an unsigned integer (12u), "
@@ -237,18 +252,6 @@ class _Fail(Exception):
         self.message = message
         self.offset = offset
         self.skip = offset if skip is None else skip
-
-
-def _control_name(c: str) -> str:
-    return _CONTROL_NAMES.get(c, f"the control character U+{ord(c):04X}")
-
-
-def _reserved(kind: str, name: str) -> str | None:
-    if name == TIME:
-        return f"{kind} key 'time' is reserved for the timestamp; rename the {kind}"
-    if name.startswith("__"):
-        return f"{kind} key starts with '__', which is reserved for internal columns; rename the {kind}"
-    return None
 
 
 def _utf8_len(text: str) -> int:
@@ -357,8 +360,8 @@ _MEASUREMENT_STOPS = ", "
 _MEASUREMENT_ESCAPES = ", "
 _KEY_STOPS = ",= "
 _KEY_ESCAPES = ",= "
-# In a string value; everything else after a backslash (a newline included) keeps the backslash.
-_STRING_ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "r": "\r", "t": "\t"}
+# In a string value; everything else after a backslash (`n`, `r`, `t` and a newline included) keeps the backslash.
+_STRING_ESCAPES = {'"': '"', "\\": "\\"}
 _STRING_SPECIAL = re.compile(r'["\\]')
 
 
@@ -367,8 +370,8 @@ def _eol(line: str) -> int:
     return len(line) - 1 if line.endswith("\r") else len(line)
 
 
-_MEASUREMENT_SPECIAL = re.compile("[, \\\\\x00-\x1f\x7f]")
-_KEY_SPECIAL = re.compile("[,= \\\\\x00-\x1f\x7f]")
+_MEASUREMENT_SPECIAL = re.compile(f"[, \\\\{UNPRINTABLE_CHARS}]")
+_KEY_SPECIAL = re.compile(f"[,= \\\\{UNPRINTABLE_CHARS}]")
 
 
 def _read_escaped(s: str, i: int, n: int, special: re.Pattern[str], stops: str, escapes: str, what: str,
@@ -399,8 +402,10 @@ def _read_escaped(s: str, i: int, n: int, special: re.Pattern[str], stops: str, 
         elif c in stops:
             return "".join(out), j
         else:
-            raise _Fail(j, f"{_control_name(c)} is not allowed in {what}: names and tag values hold printable "
-                        "characters only (separate sections with spaces)")
+            hint = (" (a byte order mark counts only at the very start of the input: was a file that begins with one "
+                    "appended to another?)" if c == "\ufeff" else " (separate sections with spaces)")
+            raise _Fail(j, f"{describe_char(c)} is not allowed in {what}: names and tag values hold printable "
+                        f"characters only{hint}")
 
 
 def _read_key(s: str, i: int, n: int, kind: str, after: str, columns: int, seen: Mapping[str, int],
@@ -415,20 +420,23 @@ def _read_key(s: str, i: int, n: int, kind: str, after: str, columns: int, seen:
     if columns >= lim.max_columns:
         raise _Fail(kpos, f"more than {lim.max_columns} tags and fields on one line (IOX_LP_MAX_COLUMNS): "
                     "split the point or raise the limit")
-    _check_name(key, kpos, f"{kind} key", lim)
+    _check_name(kind, key, kpos, lim)
     if key in seen:
         raise _Fail(kpos, f"duplicate {kind} key {_quote(key, lim.excerpt_bytes)}: it is already set at column "
                     f"{seen[key] + 1}")
-    problem = _reserved(kind, key)
-    if problem:
-        raise _Fail(kpos, problem)
     return key, i
 
 
-def _check_name(name: str, pos: int, what: str, lim: Limits) -> None:
+def _check_name(kind: str, name: str, pos: int, lim: Limits) -> None:
+    """A measurement (`kind` "measurement") or a tag or field key starting at `pos`: within the length limit, and
+    a name a query can use (`names.name_problem`)."""
     if _too_long(name, lim.max_name_bytes):
+        what = "measurement" if kind == "measurement" else f"{kind} key"
         raise _Fail(pos, f"{what} {_quote(name, lim.excerpt_bytes)} is {_utf8_len(name)} bytes long, more than the "
                     f"limit of {lim.max_name_bytes} (IOX_LP_MAX_NAME_BYTES); use a shorter name")
+    problem = name_problem(kind, name)
+    if problem is not None:
+        raise _Fail(pos, problem)
 
 
 class _Entry:
@@ -512,11 +520,12 @@ def _scan_entry(entry: _Entry, precision: Precision, schema: _Schema, lim: Limit
     while i < n and s[i] == " ":
         i += 1
 
+    mpos = i
     measurement, i = _read_escaped(s, i, n, _MEASUREMENT_SPECIAL, _MEASUREMENT_STOPS, _MEASUREMENT_ESCAPES,
                                     "a measurement name", lim.max_name_bytes, lim.excerpt_bytes)
     if not measurement:
         raise _Fail(i, "missing measurement: a line starts with the measurement name, like cpu,host=a usage=1.5")
-    _check_name(measurement, 0, "measurement", lim)
+    _check_name("measurement", measurement, mpos, lim)
     known = schema.get(measurement, {})
 
     tags: dict[str, str] = {}
@@ -636,18 +645,23 @@ _FLOAT_ENDS = frozenset("0123456789.")
 _CODES = {_FLOAT: "f", _INTEGER: "i", _UNSIGNED: "u", _BOOLEAN: "b", _STRING: "s"}
 
 
+def name_ok(kind: str, name: str, lim: Limits) -> bool:
+    """Whether the scanner's `_check_name` takes `name`: for the fast paths, which hand anything else to it."""
+    return not _too_long(name, lim.max_name_bytes) and name_problem(kind, name) is None
+
+
 def _fast_head(head: str, lim: Limits) -> _Head:
     # Runs once per distinct head, so the checks on names cost nothing per line.
-    if _CONTROL.search(head):
+    if UNPRINTABLE.search(head):
         return _BAD_HEAD
     parts = head.split(",")
     measurement = parts[0]
-    if not measurement or len(parts) > lim.max_columns or _too_long(measurement, lim.max_name_bytes):
+    if len(parts) > lim.max_columns or not name_ok("measurement", measurement, lim):
         return _BAD_HEAD
     tags: dict[str, str] = {}
     for part in parts[1:]:
         key, _, value = part.partition("=")
-        if not key or not value or "=" in value or _too_long(key, lim.max_name_bytes):
+        if not value or "=" in value or not name_ok("tag", key, lim):
             return _BAD_HEAD
         tags[key] = value
     if len(tags) != len(parts) - 1:
@@ -740,12 +754,12 @@ def _fast(line: str, lineno: int, multiplier: int, default_time: int, heads: dic
     known = schema.get(series.measurement, {})
     for key in series.tag_keys:
         prior = known.get(key)
-        if _reserved("tag", key) or (prior is not None and prior[0] is not _TAG):
+        if prior is not None and prior[0] is not _TAG:
             return None
     for key, (kind, _) in fields.items():
         prior = known.get(key)
-        if (not key or _reserved("field", key) or key in series.tags or (prior is not None and prior[0] is not kind)
-                or _CONTROL.search(key) or _too_long(key, lim.max_name_bytes)):
+        if (key in series.tags or (prior is not None and prior[0] is not kind)
+                or not name_ok("field", key, lim)):
             return None
     _commit(schema, series.measurement, series.tags, fields, lineno)
     series.accepted.add(layout)
@@ -772,7 +786,7 @@ def _comment_error(line: str) -> LineError | None:
     bad = _CONTROL.search(line, 0, _eol(line))
     if bad is None:
         return None
-    return LineError(0, bad.start() + 1, f"{_control_name(bad.group())} is not allowed in a comment line: "
+    return LineError(0, bad.start() + 1, f"{describe_char(bad.group())} is not allowed in a comment line: "
                      "comments hold printable characters only")
 
 
@@ -916,25 +930,62 @@ def parse(
     default_time: int,
     existing: Mapping[str, Mapping[str, ColumnType]] | None = None,
     limits: Limits | None = None,
+    source: str = "input",
 ) -> ParseResult:
-    """Parse line protocol text. Never raises for a bad line: each one becomes a `LineError` and yields no point;
-    more than `limits.max_bad_lines` of them raise `BadInputError`.
+    """Parse line protocol text (the whole input: a byte order mark at its start is skipped). Never raises for a
+    bad line: each one becomes a `LineError` and yields no point; more than `limits.max_bad_lines` of them raise
+    `BadInputError`, and so does a lone surrogate (`check_text`, naming `source`).
 
     `default_time` (ns) is the time of lines without a timestamp, truncated to the precision as the reference
     does; pass "now" once so that the whole write agrees. `existing` optionally gives the tables' current columns
     (measurement -> column -> type), so that a line that conflicts with them (a tag written as a field, a field
     with another type) is reported here with its line. `limits` default to `Limits.from_env()`.
     """
+    check_text(text, source)
+    return _parse_text(text.removeprefix("\ufeff"), precision, default_time, existing, limits)
+
+
+def _parse_text(text: str, precision: Precision | str, default_time: int,
+                existing: Mapping[str, Mapping[str, ColumnType]] | None, limits: Limits | None) -> ParseResult:
     parser = StreamParser(precision=precision, default_time=default_time, existing=existing, limits=limits)
     points = parser.feed(text.split("\n"), final=True)
     return ParseResult(tuple(points), tuple(parser.errors))
 
 
+BOM = b"\xef\xbb\xbf"
+"""U+FEFF in UTF-8. At the very start of an input (a file, standard input, a text) it is a byte order mark, which
+Windows tools write, and is skipped; the reference would make it part of the first measurement name. Anywhere else
+it is refused in names and tag values (`names.UNPRINTABLE`), so that concatenated files cannot hide it either."""
+
+
+def skip_bom(data: bytes) -> bytes:
+    """`data`, the start of an input, without its byte order mark."""
+    return data[len(BOM):] if data.startswith(BOM) else data
+
+
+def check_text(text: str, source: str) -> None:
+    """Refuse a text holding a lone surrogate (a YAML escape or a Python caller can make one; no UTF-8 encodes
+    it), naming its line and column, as `decode_utf8` names a bad byte."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        start = text.rfind("\n", 0, err.start) + 1
+        line = text.count("\n", 0, err.start) + 1
+        raise BadInputError(
+            f"cannot read {source}: it is not Unicode text: line {line}, column {err.start - start + 1}: "
+            f"{describe_char(text[err.start])}, which no UTF-8 encodes. Line protocol is UTF-8; fix the input (a "
+            "YAML \\u escape?) and try again"
+        ) from None
+
+
 def decode_utf8(data: bytes, source: str, lines_before: int = 0) -> str:
     """The text of `data`, strictly UTF-8: the first byte that is not is reported by line and column (in
-    characters) and nothing is read. A byte order mark stays, as the reference keeps it (part of the first name).
-    CR bytes stay as they are: the parser decides what a CR means. `lines_before`: lines of the input before
-    `data` (a block of a streamed input), so the line number counts in the whole input."""
+    characters) and nothing is read. A byte order mark stays: the reader of an input skips one at its very start
+    (`skip_bom`), the parser refuses one anywhere else. CR bytes stay as they are: the parser decides what a CR
+    means. `lines_before`: lines of the input before `data` (a block of a streamed input), so the line number
+    counts in the whole input."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -957,6 +1008,6 @@ def parse_bytes(
     limits: Limits | None = None,
     source: str = "input",
 ) -> ParseResult:
-    """`parse` over raw bytes, as `iox-batch write` reads them: strict UTF-8 first (see `decode_utf8`)."""
-    return parse(decode_utf8(data, source), precision=precision, default_time=default_time, existing=existing,
-                 limits=limits)
+    """`parse` over raw bytes, as `iox-batch write` reads them: strict UTF-8 first (see `decode_utf8`), a byte
+    order mark at the start skipped."""
+    return _parse_text(decode_utf8(skip_bom(data), source), precision, default_time, existing, limits)

@@ -24,9 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from iox_planner.catalog.names import UNPRINTABLE
 from iox_planner.ingest.arrow_np import from_numpy, strings, to_numpy
 from iox_planner.ingest.files import arrow_schema
-from iox_planner.ingest.lineprotocol import _BOOLS, Limits, StreamParser, _reserved, _too_long
+from iox_planner.ingest.lineprotocol import _BOOLS, Limits, StreamParser, name_ok
 from iox_planner.model import TIME, WRITE_SEQ, ColumnType
 from iox_planner.timeutil import INT64_MAX, NS_PER_DAY, partition_of
 
@@ -111,8 +112,7 @@ def _has_special_bytes(raw: np.ndarray) -> bool:
 
 def _keys_ok(keys: list[str], lim: Limits) -> bool:
     """A layout's field keys as the scalar parser checks them on their own (against tags and the schema later)."""
-    return (len(set(keys)) == len(keys)
-            and not any(not k or _reserved("field", k) or _too_long(k, lim.max_name_bytes) for k in keys))
+    return len(set(keys)) == len(keys) and all(name_ok("field", k, lim) for k in keys)
 
 
 def _uniform_fields(body: pa.Array, lim: Limits) -> _Fields | None:
@@ -252,15 +252,17 @@ def _general_fields(body: pa.Array, lim: Limits) -> _Fields | None:
 
 def _head(text: str, parser: StreamParser) -> tuple[str, dict[str, str]] | None:
     lim = parser.limits
+    # The block holds no C0 control character, but a name or tag value may hold another unprintable one.
+    if UNPRINTABLE.search(text):
+        return None
     parts = text.split(",")
     measurement = parts[0]
-    if not measurement or _too_long(measurement, lim.max_name_bytes):
+    if not name_ok("measurement", measurement, lim):
         return None
     tags: dict[str, str] = {}
     for part in parts[1:]:
         key, _, value = part.partition("=")
-        if (not key or not value or "=" in value or key in tags or _reserved("tag", key)
-                or _too_long(key, lim.max_name_bytes)):
+        if not value or "=" in value or key in tags or not name_ok("tag", key, lim):
             return None
         tags[key] = value
     return measurement, tags

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from sqlalchemy.engine import Connection
 
 from iox_planner.catalog.freshness import WriteEvent, fresh_order, record_writes
+from iox_planner.catalog.names import name_problem
 from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError
@@ -52,8 +53,10 @@ def catalog_columns(data: pa.Table, tags: Sequence[str]) -> tuple[pa.Table, dict
     columns: dict[str, ColumnType] = {}
     arrays: dict[str, pa.ChunkedArray] = {}
     for name in names:
-        if name.startswith("__"):
-            raise BadInputError(f"column {name!r}: names starting with '__' are reserved; alias it")
+        # The rule every write follows, so that the table's columns can be queried like any other's.
+        problem = None if name == TIME else name_problem("tag" if name in tags else "field", name)
+        if problem is not None:
+            raise BadInputError(f"the result's column cannot be a column of a table: {problem}; alias it")
         column = data[name]
         kind = column.type
         if name == TIME:
@@ -151,8 +154,9 @@ def register_interval(
     caller to remove should its transaction not commit."""
     start, end = interval
     check_range(start, end)
-    if not table or table.startswith("__"):
-        raise BadInputError(f"table name {table!r} is not allowed: it must be non-empty and not start with '__'")
+    problem = name_problem("measurement", table)
+    if problem is not None:
+        raise BadInputError(f"a result cannot be registered as this table: {problem}")
     data, columns = catalog_columns(data, tags)
     times = data[TIME].to_numpy()
     outside = int(np.count_nonzero((times < start) | (times >= end)))

@@ -223,7 +223,7 @@ def _parse_chunk(entry: Any, where: str) -> ScenarioChunk:
         lines = entry["lines"]
         if not isinstance(lines, str) or not lines.strip():
             raise _fail(where, "field `lines` must be line protocol text")
-        result = parse(lines, default_time=now_ns())
+        result = parse(lines, default_time=now_ns(), source=f"{where}: field `lines`")
         if result.errors:
             shown = "; ".join(_excerpt(str(e), 200)[1:-1] for e in result.errors[:3])
             more = f" (and {len(result.errors) - 3} more)" if len(result.errors) > 3 else ""
