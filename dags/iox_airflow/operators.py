@@ -8,14 +8,13 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from iox_planner.errors import QueryTimeoutError
 from iox_planner.sparkconf import (
-    FAST_START_JVM, SUBMIT_GRACE_S, fast_start_conf, job_failure, job_timeout_s, session_conf, spark_env,
-    stop_process_group, timeout_error,
+    FAST_START_JVM, SUBMIT_GRACE_S, fast_start_conf, job_failure, job_timeout_s, session_conf, spark_env, stop_job,
+    timeout_error,
 )
 
 from iox_airflow.spark import SPARK_CONN_ID, ensure_spark_connection
@@ -40,10 +39,11 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
     latency rather than throughput: on a job of a few seconds the JIT's warm-up dominates (measured here: a small
     query's Spark job 16-20 s with the defaults, about 13.5 s with C1-only compilation and the serial GC).
 
-    The budget: spark-submit runs in a process group of its own, and a query job (`--timeout-s N` among its
-    arguments) that is still running `SUBMIT_GRACE_S` after its budget (it cancels itself at the budget; this is for
-    a job that cannot) has the whole group stopped, as `on_kill` does. A job past its budget fails the task
-    without retries (the same query would only run out of time again), its error saying how to give it more.
+    The budget: a query job (`--timeout-s N` among its arguments) still running `SUBMIT_GRACE_S` after its budget
+    (it cancels itself at the budget; this is for a job that cannot) is stopped with every process under it
+    (`sparkconf.stop_job`), as `on_kill` does. spark-submit stays in the task's process group, which Airflow's
+    supervisor signals whole. A job past its budget fails the task without retries (the same query would only
+    run out of time again), its error saying how to give it more.
     """
 
     template_fields = (*SparkSubmitOperator.template_fields, "fast_start")
@@ -95,33 +95,20 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
             raise
         finally:
             done.set()
-            self._stop_group()
-
-    def _get_hook(self) -> SparkSubmitHook:
-        hook = super()._get_hook()
-        submit = hook.submit
-
-        def submit_in_own_group(application: str = "", **kwargs: Any) -> Any:
-            # The JVM, the Python driver and Spark's Python workers in one group of their own: stopping the group
-            # (past the budget, on_kill) stops them all, and nothing else.
-            return submit(application, start_new_session=True, **kwargs)
-
-        hook.submit = submit_in_own_group  # type: ignore[method-assign]
-        return hook
 
     def _stop_past_budget(self, seconds: float, done: threading.Event, expired: threading.Event) -> None:
         if done.wait(seconds):
             return
         expired.set()
-        self._stop_group()
+        self._stop_job()
 
-    def _stop_group(self) -> None:
+    def _stop_job(self) -> None:
         proc = self._hook._submit_sp if self._hook is not None else None
         if proc is not None:
-            stop_process_group(proc)
+            stop_job(proc)
 
     def on_kill(self) -> None:
-        self._stop_group()
+        self._stop_job()
         super().on_kill()
 
 

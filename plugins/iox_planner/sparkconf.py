@@ -1,6 +1,6 @@
 """Everything about reaching Spark that needs no Spark: the session settings, the master, the environment
 spark-submit and the job's Python run in, the spark-submit command line and its run, and a query's wall-time
-budget (the setting, its message, and the watchdog that stops a spark-submit job's whole process group). One place
+budget (the setting, its message, and the watchdog that stops a spark-submit job and everything under it). One place
 for the CLI's runner (`cli/runner.py`), the Spark jobs' sessions (`spark_jobs/session.py`, `spark_jobs/budget.py`)
 and the DAGs (`dags/iox_airflow/`). Imports no pyspark, so the DAG files can use it at parse time."""
 
@@ -137,27 +137,25 @@ def spark_submit_command(job: str, args: Sequence[str], *, fast_start: bool = Fa
 
 
 def run_submit(command: Sequence[str], what: str = "spark-submit") -> None:
-    """Run a spark-submit command with iox-batch's Spark environment, in a process group of its own; a failure
-    becomes the job's own one-paragraph error (`job_failure`). A query job (one with `--timeout-s N`) that is still
-    running `SUBMIT_GRACE_S` after its budget (its own watchdog stops it at the budget; this one is for a job past
-    that: a wedged JVM, a shutdown that hangs) has its whole group stopped and fails with the budget's error. The
-    group goes whatever ends the wait (Ctrl-C included: the job no longer shares the terminal's signals), and any
-    process the job left behind in it goes when the job ends."""
+    """Run a spark-submit command with iox-batch's Spark environment; a failure becomes the job's own one-paragraph
+    error (`job_failure`). A query job (one with `--timeout-s N`) still running `SUBMIT_GRACE_S` after its budget
+    (it cancels itself at the budget; this is for a job that cannot: a wedged JVM, a shutdown that hangs) is
+    stopped with everything it started (`stop_job`) and fails with the budget's error; a job whose wait ends any
+    other way (Ctrl-C) is stopped the same way. The job stays in this process's group, so whatever stops that
+    group (a terminal, timeout(1), Airflow's supervisor) stops the job too."""
     budget = job_timeout_s(command)
     proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **spark_env()}, start_new_session=True)
+                            env={**os.environ, **spark_env()})
     try:
         stdout, stderr = proc.communicate(timeout=None if budget is None else budget + SUBMIT_GRACE_S)
     except subprocess.TimeoutExpired:
-        stop_process_group(proc)
+        stop_job(proc)
         proc.communicate()
         assert budget is not None
         raise timeout_error(budget) from None
     except BaseException:
-        stop_process_group(proc)
+        stop_job(proc)
         raise
-    finally:
-        _signal_group(proc.pid, signal.SIGKILL)
     if proc.returncode != 0:
         # spark-submit runs a Python job with its standard error merged into its standard output.
         raise job_failure(proc.returncode, stderr + "\n" + stdout, what)
@@ -192,7 +190,7 @@ MAX_QUERY_TIMEOUT_S = 86_400
 # The job argument that carries a query's budget to run_plan.py and run_parts.py: the one place every runner of a
 # job (the CLI, `materialized refresh`, the Airflow operator) reads it from, so job and watchdog agree.
 TIMEOUT_ARG = "--timeout-s"
-# How long past its budget a spark-submit job may take before its process group is stopped from outside: the
+# How long past its budget a spark-submit job may take before it is stopped from outside (`stop_job`): the
 # job's own watchdog counts from its SparkSession, so this covers the JVM's start (10-20 s here under load) and
 # stop, and the job's own cancellation.
 SUBMIT_GRACE_S = 60
@@ -253,24 +251,57 @@ def job_timeout_s(args: Sequence[str]) -> int | None:
     return None
 
 
-def stop_process_group(proc: subprocess.Popen[str]) -> None:
-    """Stop every process of the group `proc` leads (a spark-submit job started in a session of its own: the JVM,
-    the Python driver, Spark's Python workers): SIGTERM, then SIGKILL to whatever is left after `STOP_GRACE_S`."""
-    if not _signal_group(proc.pid, signal.SIGTERM):
+def stop_job(proc: subprocess.Popen[str]) -> None:
+    """Stop a running spark-submit job and every process under it (the JVM, the Python driver, Spark's Python
+    workers): SIGTERM (the JVM's shutdown hooks remove Spark's temporary folders), then SIGKILL to whatever is left
+    after `STOP_GRACE_S`. The tree is read before the first signal: a process whose parent dies first is still
+    reached. Nothing happens once `proc` has ended (its pid may belong to someone else by then)."""
+    if proc.poll() is not None:
         return
+    pids = [proc.pid, *_descendants(proc.pid)]
+    _signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
     while time.monotonic() < deadline:
         time.sleep(0.2)
-        proc.poll()  # reaps the leader: a zombie still counts as a member of its group
-        if not _signal_group(proc.pid, 0):
+        proc.poll()  # reaps the job: a zombie still counts as alive below
+        if not any(_alive(pid) for pid in pids):
             return
-    _signal_group(proc.pid, signal.SIGKILL)
+    if proc.poll() is None:
+        pids += _descendants(proc.pid)  # a worker forked meanwhile
+    _signal_all([pid for pid in pids if _alive(pid)], signal.SIGKILL)
 
 
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Send `sig` to the group; False when no process of it is left."""
+def _descendants(root: int) -> list[int]:
+    """Every process below `root`, from /proc (parents read from each process's stat line)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running: neither gone nor a zombie (dead, waiting to be reaped)."""
     try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
         return False
-    return True
+
+
+def _signal_all(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass

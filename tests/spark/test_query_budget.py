@@ -133,11 +133,11 @@ def test_results_printed_to_standard_output_are_bounded(spark: Any, h2o: str, tm
     assert_one_paragraph_error(wide, "more than the 4,096", "IOX_PRINT_MAX_BYTES", "--output")
 
 
-def test_a_spark_submit_job_outliving_its_budget_loses_its_whole_process_group(
+def test_a_spark_submit_job_outliving_its_budget_is_stopped_with_everything_under_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The watchdog outside a spark-submit job (for a job whose own cancellation cannot stop it): a stand-in job
-    that ignores SIGTERM in a child of its own is stopped with every process of its group, and the command fails
-    with the budget's error (exit 124). Real processes; the grace shortened from a minute to a second."""
+    that ignores SIGTERM, as does a child it started, is stopped with that child, and the command fails with the
+    budget's error (exit 124). Real processes; the grace shortened from a minute to a second."""
     from iox_planner import sparkconf
     from iox_planner.errors import QueryTimeoutError
 
@@ -151,7 +151,7 @@ def test_a_spark_submit_job_outliving_its_budget_loses_its_whole_process_group(
     assert raised.value.exit_code == 124
     assert time.monotonic() - started < 10
     for pid in map(int, pids.read_text().split()):
-        assert _gone(pid), f"process {pid} of the job's group survived"
+        assert _gone(pid), f"process {pid} of the job survived"
 
 
 def _gone(pid: int) -> bool:
