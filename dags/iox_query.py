@@ -15,6 +15,8 @@ from typing import Any, Mapping
 
 from airflow.sdk import DAG, Param
 
+from iox_planner.sparkconf import MAX_QUERY_TIMEOUT_S
+
 from iox_airflow.pipeline import query_tasks
 from iox_airflow.query_request import QueryRequest
 from iox_airflow.settings import AirflowSettings
@@ -33,6 +35,9 @@ PARAMS = {
     "output": Param(type="string", minLength=1,
                     description="Where to write: a file for csv and jsonl, a folder for parquet."),
     "format": Param("parquet", type="string", enum=["parquet", "csv", "jsonl"], description="Output format."),
+    "timeout_s": Param(None, type=["null", "integer"], minimum=1, maximum=MAX_QUERY_TIMEOUT_S,
+                       description="Wall-time budget of each Spark job of the run, in seconds (default "
+                                   "IOX_QUERY_TIMEOUT_S); past it the job is cancelled and nothing is published."),
 }
 
 

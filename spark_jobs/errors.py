@@ -30,7 +30,7 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
         raise
     except PySparkException as err:
         condition = err.getCondition() if hasattr(err, "getCondition") else None
-        text = sanitize_spark_message(str(err), plan)
+        text = _with_hint(sanitize_spark_message(str(err), plan))
         if condition and ("CANNOT_READ" in condition or "FILE" in condition or "PARQUET" in condition):
             raise CatalogError(f"reading a chunk file failed: {text}") from err
         raise BadQueryError(f"the query failed on Spark: {text}") from err
@@ -42,7 +42,16 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
         # <java class>: <message>" followed by the Java stack. Keep the exception's own first line.
         lines = [line for line in str(err).splitlines() if line.strip()]
         java = lines[1].lstrip(": ").strip() if len(lines) > 1 else (lines[0] if lines else "")
-        raise IoxError(f"the query failed on Spark: {sanitize_spark_message(java, plan)}") from err
+        raise IoxError(f"the query failed on Spark: {_with_hint(sanitize_spark_message(java, plan))}") from err
+
+
+def _with_hint(text: str) -> str:
+    """Spark's message, with what to do when it is one of the bounds iox-batch sets (sparkconf.DEFAULT_CONF)."""
+    if "spark.driver.maxResultSize" in text:
+        return (f"{text}; the result is larger than one query may collect on the driver: write it with --format "
+                "parquet --output PATH (written by Spark's executors, never collected), or raise "
+                "spark.driver.maxResultSize (and spark.driver.memory) with IOX_SPARK_CONF")
+    return text
 
 
 _ERROR_CLASS = re.compile(r"^\s*(\[[A-Z0-9_.]+\])\s*")
@@ -105,15 +114,15 @@ def first_error(err: Exception) -> str:
 def exit_status(work: Callable[[], int]) -> int:
     """A spark-submit job's exit status: `work()`'s, or 1 after printing an IoxError as one clipped paragraph on
     standard error (what `sparkconf.run_submit` reports to the user). A lost or refused catalog connection is 75
-    (CatalogUnavailableError's EX_TEMPFAIL), as the CLI has it: spark-submit passes the Python job's status on, so
-    an Airflow task or a script sees the retryable failure as such. SQLAlchemy's own error (a connection dropped
+    (CatalogUnavailableError's EX_TEMPFAIL) and a query past its budget 124 (QueryTimeoutError), as the CLI has
+    them: spark-submit passes the Python job's status on, so an Airflow task or a script sees either as such. SQLAlchemy's own error (a connection dropped
     mid-job, outside the places that already convert it) is read the same way, without its traceback."""
     from iox_planner.catalog.store import catalog_unavailable
-    from iox_planner.errors import CatalogUnavailableError, IoxError, clip_message
+    from iox_planner.errors import CatalogUnavailableError, IoxError, QueryTimeoutError, clip_message
 
     try:
         return work()
-    except CatalogUnavailableError as err:
+    except (CatalogUnavailableError, QueryTimeoutError) as err:
         print(clip_message(f"error: {err}"), file=sys.stderr)
         return err.exit_code
     except IoxError as err:

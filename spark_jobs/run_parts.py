@@ -7,8 +7,9 @@
 `part` evaluates the scan trees of a part plan (the deduplication happens here) and writes each scan's rows, time
 still int64 nanoseconds, as Parquet under `OUTPUT/<view>/`. `merge` reads every part of every scan back as that
 scan's view and runs the query's SQL over them, writing the result like `spark_jobs/run_plan.py` does (csv, jsonl,
-parquet, or arrow for the commit step to convert). Exit status 0 on success; on failure a one-paragraph
-`error: ...` on standard error and status 1, with nothing written at `--output`.
+parquet, or arrow for the commit step to convert). Each takes the query's budget, `--timeout-s N` (see
+run_plan.py). Exit status 0 on success; on failure a one-paragraph `error: ...` on standard error and status 1
+(124: past its budget), with nothing written at `--output`.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", required=True)
     parser.add_argument("--parts", help="merge: the folder holding every part's output")
     parser.add_argument("--format", default="parquet", choices=["csv", "jsonl", "parquet", "arrow"])
-    args = parser.parse_args(argv)
+    from spark_jobs.run_plan import add_timeout_arg, run_job
 
-    from spark_jobs.run_plan import run_job
+    add_timeout_arg(parser)
+    args = parser.parse_args(argv)
 
     return run_job(args.plan, f"iox-batch {args.mode}",
                    lambda spark, plan: run_part(spark, plan, args) if args.mode == "part"
-                   else run_merge(spark, plan, args), args.metrics)
+                   else run_merge(spark, plan, args), args.metrics, args.timeout_s)
 
 
 def run_part(spark: Any, plan: Any, args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ register_as:                      # optional: also write the result as a catalog
   table: cpu_hourly               # in `db` unless `db:` is given here
   tags: [hostname]                # the result's columns that are tags; `time` is required; the rest are fields
 max_spark_jobs: 2                 # optional fan-out override (IOX_MAX_SPARK_JOBS)
+timeout_s: 1800                   # optional wall-time budget of each Spark job, seconds (IOX_QUERY_TIMEOUT_S)
 retries: 1                        # optional Spark task retries (IOX_SPARK_RETRIES)
 paused: true                      # optional: the DAG starts paused (false: not; absent: Airflow's default)
 tags: [rollup]                    # optional Airflow tags
@@ -39,6 +40,7 @@ import yaml
 
 from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
+from iox_planner.sparkconf import query_timeout_s
 from iox_planner.timeutil import parse_time
 
 from iox_airflow.query_request import QueryRequest, RegisterAs, ResultFormat
@@ -48,7 +50,7 @@ NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 TEMPLATE_FIELDS = frozenset({"start", "end", "name"})
 KEYS = frozenset({
     "name", "description", "db", "sql", "args", "schedule", "start_date", "end_date", "catchup", "output",
-    "format", "register_as", "max_spark_jobs", "retries", "paused", "tags",
+    "format", "register_as", "max_spark_jobs", "retries", "paused", "tags", "timeout_s",
 })
 _PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@weekly": "0 0 * * 0",
             "@monthly": "0 0 1 * *", "@quarterly": "0 0 1 */3 *", "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *"}
@@ -70,6 +72,7 @@ class MaterializedQuery:
     args: Mapping[str, Any] = field(default_factory=dict)
     register_as: RegisterAs | None = None
     max_spark_jobs: int | None = None
+    timeout_s: int | None = None
     retries: int | None = None
     paused: bool | None = None
     """True/false: the DAG starts paused or not; None (absent): Airflow's dags_are_paused_at_creation."""
@@ -105,7 +108,7 @@ class MaterializedQuery:
         return QueryRequest(
             db=self.db, sql=self.sql, output=self.output_path(start, end, settings), format=self.format,
             args=dict(self.args), time_start=lo, time_end=hi, definition=self.name, register_as=self.register_as,
-            max_spark_jobs=self.max_spark_jobs,
+            max_spark_jobs=self.max_spark_jobs, timeout_s=self.timeout_s,
         )
 
 
@@ -196,6 +199,7 @@ def parse_definition(doc: Any, source: str) -> MaterializedQuery:
         name=name, db=db, sql=sql, schedule=schedule, start_date=start_date, end_date=end_date, output=output,
         format=fmt, catchup=catchup, args=dict(args), register_as=_register_as(doc.get("register_as"), fail),
         max_spark_jobs=_count(doc.get("max_spark_jobs"), "max_spark_jobs", 1, fail),
+        timeout_s=_timeout(doc.get("timeout_s"), fail),
         retries=_count(doc.get("retries"), "retries", 0, fail), paused=paused,
         description=str(doc.get("description") or ""), tags=_tags(doc.get("tags"), fail), source=source,
     )
@@ -276,6 +280,17 @@ def _count(value: Any, key: str, low: int, fail: Any) -> int | None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise fail(key, f"must be a whole number of at least {low}, not {value!r}")
     return value
+
+
+def _timeout(value: Any, fail: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise fail("timeout_s", f"must be whole seconds, not {value!r}")
+    try:
+        return query_timeout_s(value, "timeout_s")
+    except BadInputError as err:
+        raise fail("timeout_s", str(err)) from err
 
 
 def _tags(value: Any, fail: Any) -> tuple[str, ...]:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from iox_planner.sparkconf import FAST_START_JVM, fast_start_conf, session_conf, spark_env
+from iox_planner.errors import QueryTimeoutError
+from iox_planner.sparkconf import (
+    FAST_START_JVM, SUBMIT_GRACE_S, fast_start_conf, job_failure, job_timeout_s, session_conf, spark_env, stop_job,
+    timeout_error,
+)
 
 from iox_airflow.spark import SPARK_CONN_ID, ensure_spark_connection
 
@@ -33,6 +38,12 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
     `fast_start` (set by the plan task for small plans, see IOX_SPARK_FAST_START_ROWS) starts the driver JVM for
     latency rather than throughput: on a job of a few seconds the JIT's warm-up dominates (measured here: a small
     query's Spark job 16-20 s with the defaults, about 13.5 s with C1-only compilation and the serial GC).
+
+    The budget: a query job (`--timeout-s N` among its arguments) still running `SUBMIT_GRACE_S` after its budget
+    (it cancels itself at the budget; this is for a job that cannot) is stopped with every process under it
+    (`sparkconf.stop_job`), as `on_kill` does. spark-submit stays in the task's process group, which Airflow's
+    supervisor signals whole. A job past its budget fails the task without retries (the same query would only
+    run out of time again), its error saying how to give it more.
     """
 
     template_fields = (*SparkSubmitOperator.template_fields, "fast_start")
@@ -62,13 +73,43 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
         error_file = Path(metrics[0] + ".error") if metrics else None
         if error_file is not None:
             error_file.unlink(missing_ok=True)
+        budget = job_timeout_s(args)
+        done, expired = threading.Event(), threading.Event()
+        if budget is not None:
+            threading.Thread(target=self._stop_past_budget, args=(budget + SUBMIT_GRACE_S, done, expired),
+                             name="iox-job-budget", daemon=True).start()
         try:
             super().execute(context)
         except Exception as err:
+            proc = self._hook._submit_sp if self._hook is not None else None
+            status = proc.returncode if proc is not None else None
+            failure = (timeout_error(budget) if expired.is_set() and budget is not None
+                       else job_failure(status, str(err), "the Spark job") if status is not None else None)
+            found = _ERROR_LINE.findall(str(err))
+            message = (str(failure) if failure is not None
+                       else found[-1] if found else f"the Spark job failed: {str(err).splitlines()[0]}")
             if error_file is not None and error_file.parent.is_dir():
-                found = _ERROR_LINE.findall(str(err))
-                error_file.write_text(found[-1] if found else f"the Spark job failed: {str(err).splitlines()[0]}")
+                error_file.write_text(message)
+            if isinstance(failure, QueryTimeoutError):
+                raise AirflowFailException(message) from err
             raise
+        finally:
+            done.set()
+
+    def _stop_past_budget(self, seconds: float, done: threading.Event, expired: threading.Event) -> None:
+        if done.wait(seconds):
+            return
+        expired.set()
+        self._stop_job()
+
+    def _stop_job(self) -> None:
+        proc = self._hook._submit_sp if self._hook is not None else None
+        if proc is not None:
+            stop_job(proc)
+
+    def on_kill(self) -> None:
+        self._stop_job()
+        super().on_kill()
 
 
 def _remove(path: Path) -> None:

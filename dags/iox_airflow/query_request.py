@@ -12,11 +12,12 @@ from typing import Any, Mapping
 from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
 from iox_planner.model import RunKey
+from iox_planner.sparkconf import query_timeout_s
 from iox_planner.timeutil import INT64_MAX, INT64_MIN, check_range, format_time, parse_time
 
 from iox_airflow.settings import AirflowSettings
 
-PARAM_NAMES = ("db", "sql", "args", "time_start", "time_end", "output", "format")
+PARAM_NAMES = ("db", "sql", "args", "time_start", "time_end", "output", "format", "timeout_s")
 
 # Each folder and file name of an output below its root: no leading dot (no dotfiles such as .bashrc, no hidden
 # folders, no `..`), no spaces, quotes, control characters or shell metacharacters.
@@ -68,9 +69,13 @@ class QueryRequest:
     """The materialized definition this run computes an interval of (None for triggered queries)."""
     register_as: RegisterAs | None = None
     max_spark_jobs: int | None = None
+    timeout_s: int | None = None
+    """The wall-time budget of each of the run's Spark jobs, in seconds (None: IOX_QUERY_TIMEOUT_S)."""
 
     def __post_init__(self) -> None:
         check_db_name(self.db)
+        if self.timeout_s is not None:
+            object.__setattr__(self, "timeout_s", query_timeout_s(self.timeout_s, "timeout_s"))
         if not isinstance(self.sql, str) or not self.sql.strip():
             raise BadInputError("sql is empty; give the SELECT to run")
         if not self.output.is_absolute():
@@ -108,6 +113,7 @@ class QueryRequest:
             args=dict(args),
             time_start=parse_time(start, what="time_start") if start else None,
             time_end=parse_time(end, what="time_end") if end else None,
+            timeout_s=params.get("timeout_s"),
         )
         request.check_output(settings)
         return request
@@ -155,7 +161,14 @@ class QueryRequest:
         if self.register_as is not None:
             out["register_as"] = {"db": self.register_as.db or self.db, "table": self.register_as.table,
                                   "tags": list(self.register_as.tags)}
+        if self.timeout_s is not None:
+            out["timeout_s"] = self.timeout_s
         return out
+
+    def budget_s(self) -> int:
+        """The budget each Spark job of the run gets: `timeout_s`, else IOX_QUERY_TIMEOUT_S (read when the run
+        plans, so every job of the run has the same)."""
+        return query_timeout_s(self.timeout_s, "timeout_s")
 
 
 def _short(value: object, size: int = 120) -> str:

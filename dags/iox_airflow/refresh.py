@@ -231,7 +231,7 @@ def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: R
     jobs = 0
     try:
         if executor == "in-process":
-            jobs = _run_in_process(Path(outcome.staging), runs.spark_format(request))
+            jobs = _run_in_process(Path(outcome.staging), runs.spark_format(request), request.budget_s())
         else:
             for job in outcome.jobs:
                 _spark_submit(Path(job["application"]).name, job["application_args"], bool(job.get("fast_start")))
@@ -266,14 +266,16 @@ def _spark_submit(job: str, args: Sequence[str], fast_start: bool) -> None:
     run_submit(spark_submit_command(job, list(args), fast_start=fast_start), f"spark-submit {job}")
 
 
-def _run_in_process(staging: Path, fmt: str) -> int:
-    """The whole plan in this process's SparkSession (the CLI's default runner), into the staging folder the
-    commit step reads: the result and then `metrics.json`, exactly as run_plan.py leaves them."""
+def _run_in_process(staging: Path, fmt: str, budget_s: int) -> int:
+    """The whole plan in this process's SparkSession (the CLI's default runner), within the run's budget, into the
+    staging folder the commit step reads: the result and then `metrics.json`, exactly as run_plan.py leaves
+    them."""
     import json
 
     from iox_planner.cli.runner import session
     from iox_planner.config import warehouse
     from iox_planner.planner.serde import plan_from_json
+    from spark_jobs.budget import query_budget
     from spark_jobs.errors import spark_errors
     from spark_jobs.execute import execute
     from spark_jobs.load import write_result
@@ -282,8 +284,9 @@ def _run_in_process(staging: Path, fmt: str) -> int:
 
     where = Staging(staging)
     plan = plan_from_json(where.plan_file.read_text())
-    with spark_errors(plan):
-        execution = execute(session(), plan, warehouse())
+    spark = session()
+    with spark_errors(plan), query_budget(spark, budget_s):
+        execution = execute(spark, plan, warehouse())
         rows = write_result(execution.result, fmt, where.result(fmt), None)
     where.metrics.write_text(json.dumps({"rows": rows}))
     return 1

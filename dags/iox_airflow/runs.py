@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn
 
 from iox_planner.errors import BadInputError, IoxError
 from iox_planner.faults import kill_point
-from iox_planner.sparkconf import jobs_dir
+from iox_planner.sparkconf import TIMEOUT_ARG, jobs_dir
 from iox_planner.timeutil import format_time
 
 from iox_airflow.query_request import QueryRequest, ResultFormat
@@ -223,12 +223,15 @@ def _spark_jobs(query_plan: Any, request: QueryRequest, staging: Staging,
     fmt = spark_format(request)
     wh = str(warehouse())
     result = str(staging.result(fmt))
+    # Every job of the run carries the run's budget: the job cancels itself at it, and whoever runs the job
+    # (IoxSparkSubmitOperator, `materialized refresh`) stops its process group if it outlives it.
+    budget = [TIMEOUT_ARG, str(request.budget_s())]
     parts = split_plan(query_plan, request.max_spark_jobs or settings.max_spark_jobs)
     if not parts:
         return [{
             "application": str(jobs_dir() / "run_plan.py"),
             "application_args": ["--plan", str(staging.plan_file), "--warehouse", wh, "--format", fmt,
-                                 "--output", result, "--metrics", str(staging.metrics)],
+                                 "--output", result, "--metrics", str(staging.metrics), *budget],
             "fast_start": _rows(query_plan) <= settings.spark_fast_start_rows,
         }], None
     staging.parts.mkdir()
@@ -238,11 +241,12 @@ def _spark_jobs(query_plan: Any, request: QueryRequest, staging: Staging,
         jobs.append({
             "application": str(PARTS_JOB),
             "application_args": ["part", "--plan", str(staging.part_plan(k)), "--warehouse", wh,
-                                 "--output", str(staging.parts / str(k)), "--metrics", str(staging.part_metrics(k))],
+                                 "--output", str(staging.parts / str(k)), "--metrics", str(staging.part_metrics(k)),
+                                 *budget],
             "fast_start": _rows(part) <= settings.spark_fast_start_rows,
         })
     merge = ["merge", "--plan", str(staging.plan_file), "--warehouse", wh, "--parts", str(staging.parts),
-             "--format", fmt, "--output", result, "--metrics", str(staging.metrics)]
+             "--format", fmt, "--output", result, "--metrics", str(staging.metrics), *budget]
     return jobs, merge
 
 

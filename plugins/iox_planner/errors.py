@@ -56,6 +56,14 @@ class UnsupportedError(IoxError):
     exit_code = 4
 
 
+class QueryTimeoutError(IoxError):
+    """The query ran past its wall-time budget (IOX_QUERY_TIMEOUT_S, `--timeout`, a run's `timeout_s`): its Spark
+    jobs were cancelled and nothing was published. Exit status 124, the status timeout(1) uses, so scripts can tell
+    a query that needed more time from a wrong one."""
+
+    exit_code = 124
+
+
 class InternalError(IoxError):
     """A bug: an invariant of iox-batch broke. The message carries what is needed to report it."""
 

@@ -58,8 +58,9 @@ def test_every_dag_loads_without_import_errors_and_without_a_database(airflow_en
 
     query = dags["iox_query"]
     assert query["timetable"] == "NullTimetable"
-    assert set(query["params"]) == {"db", "sql", "args", "time_start", "time_end", "output", "format"}
+    assert set(query["params"]) == {"db", "sql", "args", "time_start", "time_end", "output", "format", "timeout_s"}
     assert query["params"]["format"] == "parquet" and query["params"]["args"] == {}
+    assert query["params"]["timeout_s"] is None
     assert list(query["tasks"]) == ["plan", "run", "merge", "commit"]
     assert query["tasks"]["run"]["mapped"] and not query["tasks"]["merge"]["mapped"]
     assert query["tasks"]["commit"]["trigger_rule"] == "all_done"

@@ -67,12 +67,32 @@ def test_a_definition_makes_one_request_per_interval() -> None:
     ({"register_as": {"table": "t", "tags": ["time"]}}, "`register_as`: `time` cannot be a tag"),
     ({"catchup": "yes"}, "`catchup`: must be true or false"),
     ({"colour": "blue"}, "unknown key(s) colour"),
+    ({"timeout_s": 0}, "`timeout_s`: timeout_s 0 is not allowed; give whole seconds from 1 to 86,400"),
+    ({"timeout_s": 10**21}, "`timeout_s`: timeout_s 1000000000000000000000 is not allowed"),
+    ({"timeout_s": 1e21}, "`timeout_s`: must be whole seconds, not 1e+21"),
+    ({"timeout_s": True}, "`timeout_s`: must be whole seconds, not True"),
 ])
 def test_a_bad_definition_says_which_file_and_key(change: dict[str, Any], message: str) -> None:
     with pytest.raises(BadInputError) as err:
         parse_definition({**GOOD, **change}, "dags/materialized/cpu.yaml")
     assert str(err.value).startswith("dags/materialized/cpu.yaml: ")
     assert message in str(err.value)
+
+
+def test_a_run_s_budget_comes_from_its_definition_or_param_else_the_setting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    start = dt.datetime(2024, 1, 2, 3, tzinfo=dt.timezone.utc)
+    end = start + dt.timedelta(hours=1)
+    own = parse_definition({**GOOD, "timeout_s": 1800}, "cpu.yaml").request(start, end, SETTINGS)
+    default = parse_definition(GOOD, "cpu.yaml").request(start, end, SETTINGS)
+    params = {"db": "d", "sql": "SELECT 1", "output": "/data/out/x.jsonl", "format": "jsonl"}
+    triggered = QueryRequest.from_params({**params, "timeout_s": 20}, SETTINGS)
+    monkeypatch.setenv("IOX_QUERY_TIMEOUT_S", "600")
+    assert (own.budget_s(), default.budget_s(), triggered.budget_s()) == (1800, 600, 20)
+    assert triggered.as_params()["timeout_s"] == 20 and "timeout_s" not in default.as_params()
+    for bad in (0, 86_401, 2.5, "1e21", {"s": 1}, float("nan")):
+        with pytest.raises(BadInputError, match="timeout_s .* is not allowed; give whole seconds from 1 to 86,400"):
+            QueryRequest.from_params({**params, "timeout_s": bad}, SETTINGS)
 
 
 def test_two_definitions_with_one_name_are_refused(tmp_path: Path) -> None:

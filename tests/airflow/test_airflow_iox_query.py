@@ -101,3 +101,30 @@ def test_bad_input_fails_in_the_plan_task_and_publishes_nothing(dag_runner: DagR
     assert leftovers(tmp_path) == []
     assert not (tmp_path / "x.xml").exists()
     assert locks(catalog) == []
+
+
+# The issue's slow probe (tests/spark/test_query_budget.py): minutes of backtracking on every row, little memory.
+SLOW = "SELECT count(*) AS n FROM h2o WHERE regexp_like(concat(repeat('a,', 40), city), '(.*,){11}P')"
+
+
+def test_a_run_past_its_timeout_s_fails_and_publishes_nothing(dag_runner: DagRunner, catalog: Catalog,
+                                                              h2o_db: str, tmp_path: Path) -> None:
+    """`timeout_s` per run: its Spark job (through spark-submit) cancels itself at the budget, the run is recorded
+    failed with the budget's message, nothing is published. A budget out of bounds never makes a run."""
+    output = tmp_path / "slow.jsonl"
+    slow, refused = dag_runner.run([
+        {"dag_id": "iox_query",
+         "conf": {"db": h2o_db, "sql": SLOW, "output": str(output), "format": "jsonl", "timeout_s": 3}},
+        {"dag_id": "iox_query",
+         "conf": {"db": h2o_db, "sql": QUERY, "output": str(tmp_path / "x.jsonl"), "format": "jsonl",
+                  "timeout_s": 0}},
+    ])
+    assert slow.get("state") == "failed", (slow.get("error"), slow["log"][-3000:])
+    assert slow["tasks"]["plan"] == "success" and slow["tasks"]["run[0]"] == "failed", slow["tasks"]
+    assert slow["seconds"] < 150, slow["seconds"]
+    [run] = query_runs(catalog, dag_id="iox_query", run_id=slow["run_id"])
+    assert run["status"] == "failed" and run["params"]["timeout_s"] == 3
+    assert "time budget of 3 s" in run["error"] and "timeout_s" in run["error"], run["error"]
+    assert not output.exists() and leftovers(tmp_path) == []
+    assert locks(catalog) == []
+    assert "ParamValidationError" in refused["error"] and "timeout_s" in refused["error"], refused

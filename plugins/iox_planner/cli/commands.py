@@ -45,14 +45,18 @@ def plan_from_args(args: argparse.Namespace) -> Any:
 def explain(args: argparse.Namespace) -> str:
     from iox_planner.planner import render
 
+    if args.timeout is not None and not args.analyze:
+        raise BadInputError("--timeout bounds running the plan; use it with --analyze (explain alone runs nothing)")
     if args.analyze:
         if args.chunks:
             raise BadInputError("--analyze runs the plan, which needs the data: use it with --db, not --chunks")
         if args.format != "tree":
             raise BadInputError("--analyze shows its metrics in the tree format; drop --format or use tree")
         from iox_planner.cli.runner import analyze
+        from iox_planner.sparkconf import query_timeout_s
 
-        return analyze(plan_from_args(args))
+        timeout_s = query_timeout_s(args.timeout, "--timeout")  # checked before planning: a bad value costs nothing
+        return analyze(plan_from_args(args), timeout_s)
     return str(render(plan_from_args(args), args.format))
 
 
@@ -63,8 +67,10 @@ def query(args: argparse.Namespace, console: Any) -> int:
 
     from iox_planner.output.formats import OutputFormat
     from iox_planner.cli.runner import run
+    from iox_planner.sparkconf import query_timeout_s
 
     fmt = OutputFormat(args.format)
+    timeout_s = query_timeout_s(args.timeout, "--timeout")  # checked before planning: a bad value costs nothing
     output = None
     if args.output is not None and fmt is OutputFormat.TABLE:
         raise BadInputError("format table prints to the terminal; use csv, jsonl or parquet with --output")
@@ -77,7 +83,7 @@ def query(args: argparse.Namespace, console: Any) -> int:
                                 "leave --output out to print text formats")
         output = check_destination(args.output, folder=fmt is OutputFormat.PARQUET)
     plan = plan_from_args(args)
-    rows = run(plan, fmt, output, sys.stdout)
+    rows = run(plan, fmt, output, sys.stdout, timeout_s=timeout_s)
     if output is not None:
         what = f"{rows} rows" if rows >= 0 else "result"
         console.print(f"{what} written to {output} ({fmt.value})")

@@ -271,6 +271,13 @@ class _Parser(argparse.ArgumentParser):
         super().error(visible(clip_message(message)))
 
 
+def _add_timeout(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--timeout", metavar="SECONDS",
+                   help=f"wall-time budget of {what} on Spark, whole seconds from 1 to 86400 (default "
+                        "IOX_QUERY_TIMEOUT_S, or 3600); past it the query is cancelled, nothing is published, exit "
+                        "status 124")
+
+
 def _add_query_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="bound parameter for :NAME in the SQL (repeatable)")
@@ -355,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="plan against this scenario's chunk metadata alone (no catalog, no Spark, no data)")
     explain.add_argument("--format", choices=["tree", "yaml", "json"], default="tree")
     explain.add_argument("--analyze", action="store_true", help="run the plan and show per-node metrics")
+    _add_timeout(explain, "--analyze's run")
     _add_query_options(explain)
     explain.set_defaults(func=cmd_explain)
 
@@ -364,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--format", choices=["table", "csv", "jsonl", "parquet"], default="table")
     query.add_argument("--output", metavar="PATH",
                        help="write here (a file for csv/jsonl, a folder for parquet) instead of standard output")
+    _add_timeout(query, "the query")
     _add_query_options(query)
     query.set_defaults(func=cmd_query)
 

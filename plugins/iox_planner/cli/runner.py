@@ -4,17 +4,19 @@ Imported only by commands that run queries: everything else stays free of Spark.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
-from iox_planner.config import warehouse
+from iox_planner.config import env_int, warehouse
 from iox_planner.errors import BadInputError
 from iox_planner.output.formats import OutputFormat, finish_columns, print_table, write_text_output
 from iox_planner.planner.nodes import QueryPlan
 from iox_planner.planner.serde import plan_to_json
-from iox_planner.sparkconf import run_submit, spark_master, spark_submit_command
+from iox_planner.sparkconf import TIMEOUT_ARG, query_timeout_s, run_submit, spark_master, spark_submit_command
 
 _SESSION: Any = None
 
@@ -28,52 +30,107 @@ def session() -> Any:
 
         from iox_planner.config import state_dir
 
-        log = open(state_dir() / "spark.log", "ab")
-        saved = os.dup(2)
+        path = state_dir() / "spark.log"
+        root = logging.getLogger()
+        if not root.handlers:
+            # py4j logs a lost JVM connection on the root logger (which would configure itself to print the
+            # traceback on standard error); the error is reported in one paragraph, the details go to the log.
+            root.addHandler(logging.FileHandler(path))
+        log = open(path, "ab")
+        sys.stdout.flush()
+        saved = {fd: os.dup(fd) for fd in (1, 2)}
         try:
-            os.dup2(log.fileno(), 2)  # the JVM inherits this descriptor as its standard error
+            # The JVM inherits these descriptors as its standard output and error: its chatter (and a dying JVM's
+            # last words) must not land in a result printed to standard output.
+            for fd in saved:
+                os.dup2(log.fileno(), fd)
             _SESSION = build_session(spark_master())
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
             log.close()
     return _SESSION
 
 
+PRINT_MAX_ROWS_ENV = "IOX_PRINT_MAX_ROWS"
+PRINT_MAX_BYTES_ENV = "IOX_PRINT_MAX_BYTES"
+
+
+def print_limits() -> tuple[int, int]:
+    """The most rows, and Arrow bytes, a result printed to standard output may have. Rows: 100,000 (a terminal
+    table of that many takes minutes to render on 2 loaded cores, and a few hundred MB). Bytes: 64 MiB, so a few
+    rows of huge values cannot make the text rendering take the machine either. A file (`--output`) has neither
+    bound: Parquet is written by Spark's executors and never passes through this process; csv and jsonl pass
+    through the driver, bounded by spark.driver.maxResultSize."""
+    return (env_int(PRINT_MAX_ROWS_ENV, 100_000, 1, 100_000_000),
+            env_int(PRINT_MAX_BYTES_ENV, 64 * 2**20, 1024, 2**30))
+
+
+def check_printable(table: Any, max_rows: int, max_bytes: int) -> None:
+    """`table` (at most max_rows + 1 rows: the query was cut there) fits standard output, or a one-paragraph
+    error saying how to get the result anyway. Nothing was printed: a consumer of the text never sees a cut-off
+    result."""
+    advice = "write it to a file with --output PATH (csv, jsonl or parquet) instead, add a LIMIT, or raise"
+    if table.num_rows > max_rows:
+        raise BadInputError(f"the result has more than {max_rows:,} rows, the most a query prints to standard "
+                            f"output ({PRINT_MAX_ROWS_ENV}); {advice} {PRINT_MAX_ROWS_ENV}")
+    if table.nbytes > max_bytes:
+        raise BadInputError(f"the result holds {table.nbytes:,} bytes, more than the {max_bytes:,} a query prints "
+                            f"to standard output ({PRINT_MAX_BYTES_ENV}); {advice} {PRINT_MAX_BYTES_ENV}, or select "
+                            "fewer or smaller values")
+
+
 def run_in_process(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO,
-                   strategy: str | None = None) -> int:
+                   strategy: str | None = None, timeout_s: int | None = None) -> int:
+    """Run on this process's SparkSession within the query's budget; a text result without `output` is collected
+    (cut at the print bound) and printed."""
+    from spark_jobs.budget import query_budget
     from spark_jobs.errors import spark_errors
     from spark_jobs.execute import execute
-    from spark_jobs.load import write_result
+    from spark_jobs.load import result_to_arrow, write_result
 
-    with spark_errors(plan):
-        execution = execute(session(), plan, warehouse(), strategy=strategy)
-        return write_result(execution.result, fmt.value, output, stdout)
+    spark = session()
+    max_rows, max_bytes = print_limits()
+    with spark_errors(plan), query_budget(spark, query_timeout_s(timeout_s)):
+        execution = execute(spark, plan, warehouse(), strategy=strategy)
+        if output is not None:
+            return write_result(execution.result, fmt.value, output, stdout)
+        table = result_to_arrow(execution.result.limit(max_rows + 1))
+    check_printable(table, max_rows, max_bytes)
+    return print_result(table, fmt, stdout)
 
 
-def run_plan_command(plan_file: Path, fmt: str, output: Path, strategy: str | None = None) -> list[str]:
+def run_plan_command(plan_file: Path, fmt: str, output: Path, strategy: str | None = None,
+                     timeout_s: int | None = None, limit_rows: int | None = None) -> list[str]:
     """The spark-submit invocation of run_plan.py for a plan file."""
-    args = ["--plan", str(plan_file), "--warehouse", str(warehouse()), "--format", fmt, "--output", str(output)]
+    args = ["--plan", str(plan_file), "--warehouse", str(warehouse()), "--format", fmt, "--output", str(output),
+            TIMEOUT_ARG, str(query_timeout_s(timeout_s))]
     if strategy is not None:
         args += ["--strategy", strategy]
+    if limit_rows is not None:
+        args += ["--limit-rows", str(limit_rows)]
     return spark_submit_command("run_plan.py", args)
 
 
 def run_spark_submit(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO,
-                     strategy: str | None = None) -> int:
+                     strategy: str | None = None, timeout_s: int | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="iox-run-") as tmp:
         plan_file = Path(tmp) / "plan.json"
         plan_file.write_text(plan_to_json(plan))
         to_print = fmt is OutputFormat.TABLE or output is None
         target = Path(tmp) / "result.arrow" if to_print else output
         assert target is not None
-        run_submit(run_plan_command(plan_file, "arrow" if to_print else fmt.value, target, strategy))
+        max_rows, max_bytes = print_limits()
+        run_submit(run_plan_command(plan_file, "arrow" if to_print else fmt.value, target, strategy, timeout_s,
+                                    max_rows + 1 if to_print else None))
         if not to_print:
             return -1
         import pyarrow as pa
 
         with pa.memory_map(str(target)) as source:
             table = pa.ipc.open_file(source).read_all()
+        check_printable(table, max_rows, max_bytes)
         return print_result(table, fmt, stdout)
 
 
@@ -106,14 +163,16 @@ def compacting_in_spark_submit() -> bool:
     return os.environ.get("IOX_RUNNER", "in-process") == "spark-submit"
 
 
-def run(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO) -> int:
+def run(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO,
+        timeout_s: int | None = None) -> int:
+    """Run the plan within its wall-time budget (`timeout_s` seconds, else IOX_QUERY_TIMEOUT_S)."""
     if fmt is OutputFormat.PARQUET and output is None:
         raise BadInputError("parquet output is a folder: give --output PATH")
     if fmt is OutputFormat.TABLE and output is not None:
         raise BadInputError("format table prints to the terminal; use csv, jsonl or parquet with --output")
     if os.environ.get("IOX_RUNNER", "in-process") == "spark-submit":
-        return run_spark_submit(plan, fmt, output, stdout)
-    return run_in_process(plan, fmt, output, stdout)
+        return run_spark_submit(plan, fmt, output, stdout, timeout_s=timeout_s)
+    return run_in_process(plan, fmt, output, stdout, timeout_s=timeout_s)
 
 
 
@@ -145,10 +204,12 @@ def bulk_load(catalog: Any, db: str, source: str, precision: Any, accept_partial
                        tuple(LineError(**e) for e in done["rejected"]))
 
 
-def analyze(plan: QueryPlan) -> str:
-    """EXPLAIN ANALYZE: run the plan node by node and show each node's metrics in the tree."""
+def analyze(plan: QueryPlan, timeout_s: int | None = None) -> str:
+    """EXPLAIN ANALYZE: run the plan node by node and show each node's metrics in the tree, all of it within the
+    query's wall-time budget (`timeout_s`, else IOX_QUERY_TIMEOUT_S)."""
     import time
 
+    from spark_jobs.budget import query_budget
     from spark_jobs.errors import spark_errors
     from spark_jobs.execute import execute
 
@@ -156,8 +217,9 @@ def analyze(plan: QueryPlan) -> str:
     from iox_planner.planner.nodes import DeduplicateExec, PlanNode
 
     started = time.perf_counter()
-    with spark_errors(plan):
-        execution = execute(session(), plan, warehouse(), analyze=True)
+    spark = session()
+    with spark_errors(plan), query_budget(spark, query_timeout_s(timeout_s)):
+        execution = execute(spark, plan, warehouse(), analyze=True)
         rows = execution.result.count()
     elapsed = time.perf_counter() - started
 

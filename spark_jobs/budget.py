@@ -1,0 +1,135 @@
+"""A query's wall-time budget inside a Spark driver, and the watchdog that keeps a query from hanging.
+
+`query_budget(spark, seconds)` runs a block whose Spark jobs all carry one job tag of their own (job tags are
+local properties of the thread, inherited by the threads Spark starts for the query, such as the one serving an
+Arrow result to Python). A watchdog thread cancels the tagged jobs at the deadline, with interrupt-on-cancel so
+running tasks are interrupted rather than left to finish, and again every `CANCEL_EVERY_S` until the block returns
+(a query may start its next job in between); the block then raises the budget's error
+(`sparkconf.timeout_error`). Only this query's jobs are cancelled: the session serves the next query.
+
+Some work no cancellation reaches: the optimizer on the driver (folding a constant), or a thread the JVM lost.
+When the block has not returned `STUCK_GRACE_S` after the deadline, the watchdog writes the budget's error to
+standard error, stops the JVM this process started (the CLI's own session) and ends the process with the
+budget's exit status. A hang is never the outcome.
+
+A JVM that ends under the block (the driver runs with `-XX:+ExitOnOutOfMemoryError`, see `sparkconf`) surfaces as
+a lost py4j connection; the block raises `sparkconf.jvm_lost_error` for it instead.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from pyspark.sql import SparkSession
+
+from iox_planner.errors import IoxError, clip_message
+from iox_planner.sparkconf import jvm_lost_error, timeout_error
+
+CANCEL_EVERY_S = 0.5
+STUCK_GRACE_S = 30.0
+"""How long after its deadline a query may take to come back from its cancellation before the process ends. A
+cancelled job fails at once on the driver, whatever its tasks do, so a query still not back after this is stuck
+where no cancellation reaches (driver-side planning, a lost thread).
+
+Its tasks are another matter: Spark stops a cancelled task at its next input row, but an expression that never
+returns within one row (a backtracking regular expression: Java's never looks at the interrupt) keeps its core
+until that row is done. The command has ended by then (a CLI process and its JVM end with it; a spark-submit job
+ends, its group stopped if need be); a long-lived session has that core busy meanwhile."""
+
+_LOST_CONNECTION = frozenset({"Py4JNetworkError", "ConnectionResetError", "ConnectionRefusedError",
+                              "ConnectionAbortedError", "BrokenPipeError", "EOFError"})
+
+
+@contextmanager
+def query_budget(spark: SparkSession, seconds: int) -> Iterator[None]:
+    """Run the block's Spark jobs within `seconds` of wall time (see the module's docstring)."""
+    sc = spark.sparkContext
+    tag = f"iox-query-{uuid.uuid4().hex}"
+    sc.addJobTag(tag)
+    sc.setInterruptOnCancel(True)
+    done = threading.Event()
+    expired = threading.Event()
+    threading.Thread(target=_watch, args=(sc, tag, seconds, done, expired), name="iox-query-budget",
+                     daemon=True).start()
+    try:
+        yield
+    except Exception as err:
+        lost = _jvm_lost(sc, err)
+        if lost is not None:
+            raise lost from err
+        if expired.is_set():
+            raise timeout_error(seconds) from err
+        raise
+    finally:
+        done.set()
+        try:
+            sc.removeJobTag(tag)
+        except Exception:  # noqa: BLE001 - the JVM is gone: there is no tag left to remove
+            pass
+
+
+def _watch(sc: Any, tag: str, seconds: int, done: threading.Event, expired: threading.Event) -> None:
+    if done.wait(seconds):
+        return
+    expired.set()
+    give_up_at = time.monotonic() + STUCK_GRACE_S
+    while not done.is_set():
+        try:
+            sc.cancelJobsWithTag(tag)
+        except Exception:  # noqa: BLE001 - a JVM that is gone: the block reports it when its call fails
+            pass
+        if done.wait(CANCEL_EVERY_S):
+            return
+        if time.monotonic() > give_up_at:
+            _end_process(sc, seconds)
+
+
+def _end_process(sc: Any, seconds: int) -> None:
+    """The query is stuck past anything a cancellation reaches: report it and end this process (and the JVM it
+    started). Written to the standard error descriptor itself: the block's caller may have redirected sys.stderr,
+    and nothing else will run."""
+    message = (f"error: {timeout_error(seconds)} (Spark did not stop within {STUCK_GRACE_S:.0f} s of being "
+               "cancelled, so the process ended)")
+    os.write(2, (clip_message(message) + "\n").encode("utf-8", "replace"))
+    proc = _jvm_process(sc)
+    if proc is not None:
+        proc.kill()
+    os._exit(timeout_error(seconds).exit_code)
+
+
+def _jvm_process(sc: Any) -> subprocess.Popen[bytes] | None:
+    """The JVM this process started (PySpark's gateway keeps its Popen), or None when the JVM started this process
+    (spark-submit: the JVM is the parent, and its exit status reaches whoever ran spark-submit)."""
+    return getattr(getattr(sc, "_gateway", None), "proc", None)
+
+
+def _jvm_lost(sc: Any, err: BaseException) -> IoxError | None:
+    """The error to raise when the JVM this process started ended under the query, else None."""
+    proc = _jvm_process(sc)
+    if proc is None:
+        return None
+    status = proc.poll()
+    if status is None and _lost_connection(err):
+        # The connection broke as the JVM went down: its exit status follows within moments.
+        try:
+            status = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+    return None if status is None else jvm_lost_error(status)
+
+
+def _lost_connection(err: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__name__ in _LOST_CONNECTION:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
