@@ -142,3 +142,20 @@ def test_allocation_limit_follows_its_setting(monkeypatch: pytest.MonkeyPatch) -
         plan_query("SELECT repeat(city, 2001) FROM h2o", SOURCE, now_ns=NOW)
     # a count that is not a constant is left to the query's time budget
     assert plan_query("SELECT repeat(city, 2000), repeat(city, temp) FROM h2o", SOURCE, now_ns=NOW).scans
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT /*+ REPARTITION(3) */ city FROM h2o",
+    "SELECT /*+ REPARTITION(3, city), COALESCE(2) */ city FROM h2o",
+    "SELECT /*+ REBALANCE, BROADCAST(h2o) */ city FROM h2o",
+])
+def test_partitioning_hints_pass_as_written(sql: str) -> None:
+    assert spark_sql(sql) == sql.replace("FROM h2o", "FROM __iox_scan_0 AS h2o")
+
+
+def test_a_table_name_with_padding_resolves_its_qualified_columns() -> None:
+    source = StaticSource((Chunk("F2", ChunkKind.PARQUET, " lead", "2024-01-01", 1, 1, 10,
+                                 {"trail ": ColumnType.TAG, "time": ColumnType.TIME}),))
+    plan = plan_query("SELECT ` lead`.`trail ` FROM ` lead`", source, now_ns=NOW)
+    assert plan.spark_sql == "SELECT ` lead`.`trail ` FROM __iox_scan_0 AS ` lead`"
+    assert plan.scans[0].columns == (("trail ", ColumnType.TAG),)

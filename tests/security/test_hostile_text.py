@@ -35,14 +35,15 @@ LINK = "[link=file:///etc/passwd]click[/link]"
 MARKUP = ("[/]", "[red]x[/]", LINK, ":warning:")
 OSC8 = "\x1b]8;;file:///etc/passwd\x1b\\click\x1b]8;;\x1b\\"  # a raw terminal hyperlink
 CLEAR = "\x1b[2J"  # clear the screen
-C1_CSI = "\x9b2J"  # the same with the 8-bit CSI, which line protocol allows in names (it refuses C0 only)
+C1_CSI = "\x9b2J"  # the same with the 8-bit CSI (string fields may hold it; names and tag values may not)
 # How each must look, written out here rather than computed by the code under test.
 SHOWN = {OSC8: "\\x1b]8;;file:///etc/passwd\\x1b\\click\\x1b]8;;\\x1b\\", CLEAR: "\\x1b[2J", C1_CSI: "\\x9b2J"}
 
-WRITTEN = "x[/]"  # a measurement that can be written and shown (a query may not name it: "/" reads as a path)
-QUERIED = "[red]m" + C1_CSI
-QUERIED_SHOWN = "[red]m\\x9b2J"
-# (tag t, string field `:warning:`) per row, v = 1..4; every row also has the tag LINK and the field C1_CSI.
+WRITTEN = "x[/]"  # a measurement that can be written, shown and queried
+QUERIED = "[red]m:x:"
+QUERIED_SHOWN = "[red]m:x:"
+FIELD = "[b]f[/b]"  # a field named as markup
+# (tag t, string field `:warning:`) per row, v = 1..4; every row also has the tag LINK and the field FIELD.
 ROWS = [("[/]", OSC8), ("[red]x[/]", CLEAR), (LINK, C1_CSI), (":warning:", "[red]x[/]")]
 
 
@@ -55,7 +56,7 @@ def _string(text: str) -> str:
 
 
 LINES = "\n".join([f"{WRITTEN},t=a v=1 {T0}"] + [
-    f"{QUERIED},t={_tag(tag)},{_tag(LINK)}=k :warning:={_string(value)},v={i},{C1_CSI}={i} {T0 + i}"
+    f"{QUERIED},t={_tag(tag)},{_tag(LINK)}=k :warning:={_string(value)},v={i},{_tag(FIELD)}={i} {T0 + i}"
     for i, (tag, value) in enumerate(ROWS, start=1)]) + "\n"
 
 
@@ -135,7 +136,7 @@ def test_show_on_a_terminal(hostile: Hostile) -> None:
     assert code == 0, shown
     assert_plain_on_terminal(shown)
     plain = re.sub(r"\x1b\[[0-9;]*m", "", shown)
-    for text in (WRITTEN, QUERIED_SHOWN, LINK, ":warning: (string)", SHOWN[C1_CSI] + " (float)", "[red]x[/]"):
+    for text in (WRITTEN, QUERIED_SHOWN, LINK, ":warning: (string)", FIELD + " (float)", "[red]x[/]"):
         assert text in plain, (text, plain)
     code, shown = on_terminal("show", "--db", hostile.db, WRITTEN)
     assert code == 0 and WRITTEN in shown and LINK in shown, shown
@@ -153,7 +154,8 @@ def test_explain_tree_and_yaml(hostile: Hostile) -> None:
     plan = run_cli("explain", "--db", hostile.db, sql, "--format", "yaml")
     assert plan.returncode == 0, plan.stderr
     assert_plain(plan.stdout + plan.stderr)
-    assert 'table: "[red]m\\x9B2J"' in plan.stdout and "`[red]x[/]`" in plan.stdout  # YAML's own escape
+    assert "table: '[red]m:x:'" in plan.stdout and "`[red]x[/]`" in plan.stdout
+    assert "\\x9B2J" in plan.stdout  # YAML's own escape of the C1 character in the query's text
 
 
 def test_compact_plan_and_report(hostile: Hostile, catalog: Catalog) -> None:
@@ -176,7 +178,7 @@ def test_compact_plan_and_report(hostile: Hostile, catalog: Catalog) -> None:
 def test_errors_quote_user_text_as_written(hostile: Hostile) -> None:
     assert_one_paragraph_error(run_cli("show", "--db", hostile.db, "nope[/]"), "'nope[/]' does not exist")
     unknown = run_cli("explain", "--db", hostile.db, f"SELECT `[red]x[/]` FROM `{QUERIED}`")
-    assert_one_paragraph_error(unknown, "unknown column '[red]x[/]'", f"{QUERIED_SHOWN}: {LINK}", SHOWN[C1_CSI])
+    assert_one_paragraph_error(unknown, "unknown column '[red]x[/]'", f"{QUERIED_SHOWN}: {LINK}", FIELD)
     assert_plain(unknown.stderr)
     broken = run_cli("explain", "--db", hostile.db, f"SELECT '{CLEAR}{C1_CSI} FROM `{QUERIED}`")
     assert_one_paragraph_error(broken)
@@ -231,7 +233,7 @@ def test_query_table_on_a_terminal(spark: Any, hostile: Hostile, monkeypatch: py
     monkeypatch.setenv("TERM", "xterm-256color")
     monkeypatch.setenv("COLUMNS", "1000")
     monkeypatch.delenv("NO_COLOR", raising=False)
-    sql = (f"SELECT t, `:warning:` AS `[red]x[/]`, v AS `{CLEAR}`, `{LINK}`, `{C1_CSI}` FROM `{QUERIED}` "
+    sql = (f"SELECT t, `:warning:` AS `[red]x[/]`, v AS `{CLEAR}`, `{LINK}`, `{FIELD}` FROM `{QUERIED}` "
            "ORDER BY v")
     result = cli("query", "--db", hostile.db, sql, stdout=_Terminal())
     assert result.returncode == 0, result.stderr

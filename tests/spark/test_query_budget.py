@@ -87,10 +87,12 @@ def test_the_budget_setting_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_driver_out_of_memory_ends_the_command_with_one_paragraph(h2o: str) -> None:
     """The issue's probe: Spark's optimizer folds the constant on the driver, in the thread serving the result to
     Python, which dies of OutOfMemoryError; both sides then waited for each other forever. Its own process (the
-    JVM goes down with it), killed with its whole group if it outlives the bound."""
+    JVM goes down with it), killed with its whole group if it outlives the bound. The planner refuses this
+    constant by default (IOX_MAX_SQL_ALLOC): raised to its ceiling here, so the probe reaches Spark as it did."""
     sql = "SELECT length(repeat('x', 2147483647)) AS n FROM h2o LIMIT 1"
     proc = subprocess.Popen([str(Path(sys.executable).parent / "iox-batch"), "query", "--db", h2o, sql],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "IOX_MAX_SQL_ALLOC": str(2**31 - 1)})
     try:
         stdout, stderr = proc.communicate(timeout=240)
     except subprocess.TimeoutExpired:

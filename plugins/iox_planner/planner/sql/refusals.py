@@ -23,7 +23,8 @@ def reject_outside(statement: exp.Query, source: Source, tables: Mapping[str, Ta
     """Only catalog tables and functions that read nothing but their arguments (`functions.ALLOWED`, checked on
     the name Spark resolves in every spelling); no JVM calls, files, paths, scripts, variables, UDFs or INTO."""
     columns = {c for schema in tables.values() for c in schema.columns}
-    for node in statement.walk():
+    # A hint's arguments are not calls (REPARTITION(3) names a hint, not a function): the hint list checks them.
+    for node in statement.walk(prune=lambda n: isinstance(n, exp.Hint)):
         if isinstance(node, exp.Select) and node.args.get("into"):
             raise UnsupportedError("SELECT ... INTO would create a table; iox-batch runs read-only queries: drop "
                                    "INTO and write the result with --output (or a materialized definition's "
@@ -47,7 +48,12 @@ def reject_outside(statement: exp.Query, source: Source, tables: Mapping[str, Ta
                                    "substitute; pass values as bound parameters (:name with --param name=value)")
         elif isinstance(node, exp.Hint):
             for hint in node.expressions:
-                name = hint.name if isinstance(hint, (exp.JoinHint, exp.Anonymous)) else hint.sql(dialect=SPARK)
+                if isinstance(hint, (exp.JoinHint, exp.Anonymous)):
+                    name = hint.name
+                elif isinstance(hint, exp.Func):
+                    name = call_name(hint, source) or hint.sql_name()
+                else:
+                    name = hint.sql(dialect=SPARK)
                 if str(name).lower() not in HINTS:
                     raise UnsupportedError(f"hint {str(name)[:80]!r} is not allowed; allowed hints: "
                                            f"{', '.join(sorted(h.upper() for h in HINTS))}")

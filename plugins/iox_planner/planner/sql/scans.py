@@ -122,13 +122,13 @@ def qualify_query(statement: exp.Query, tables: Mapping[str, TableSchema]) -> tu
         name: {c: SPARK_SQL_TYPES[schema.columns.get(c, ColumnType.TIME)] for c in schema.star_columns}
         for name, schema in tables.items()}
     schema = MappingSchema(mapping, dialect=SPARK, normalize=False)
-    copy = _clock_words_as_calls(statement.copy(), tables)
+    copy = _aliased(_clock_words_as_calls(statement.copy(), tables))
     try:
         return qualify(copy, dialect=SPARK, schema=schema, quote_identifiers=False, identify=False), False
     except sqlglot.errors.OptimizeError as err:
         text = str(err)
         if _spark_may_resolve(statement, text):
-            lenient = qualify(_clock_words_as_calls(statement.copy(), tables), dialect=SPARK, schema=schema,
+            lenient = qualify(_aliased(_clock_words_as_calls(statement.copy(), tables)), dialect=SPARK, schema=schema,
                               quote_identifiers=False, identify=False, validate_qualify_columns=False)
             return lenient, True
         match = re.search(r"Column '([^']*)' could not be resolved", text)
@@ -167,6 +167,16 @@ def _source_names(statement: exp.Query) -> set[str]:
         else:
             names.add(node.alias_or_name)
     return names
+
+
+def _aliased(tree: exp.Query) -> exp.Query:
+    """Every table reference without an alias gets its own name as one, quoted: qualify would invent one from the
+    name, and it strips what it takes for padding (`` ` lead` `` became `lead`), so a column qualified by the
+    table's name would no longer resolve."""
+    for table in tree.find_all(exp.Table):
+        if isinstance(table.this, exp.Identifier) and not table.alias:
+            table.set("alias", exp.TableAlias(this=exp.Identifier(this=table.name, quoted=True)))
+    return tree
 
 
 def _clock_words_as_calls(tree: exp.Query, tables: Mapping[str, TableSchema]) -> exp.Query:
