@@ -57,6 +57,9 @@ def _with_hint(text: str) -> str:
 _ERROR_CLASS = re.compile(r"^\s*(\[[A-Z0-9_.]+\])\s*")
 _FIRST_SENTENCE = re.compile(r"^(.*?[.!?])(?=\s|$)")
 _SCAN_VIEW = re.compile(rf"`?{VIEW_PREFIX}(\d+)`?")
+_FORMATTER_TYPE = re.compile(r"([a-zA-Z]) != ([\w.$]+)")
+_JAVA_TYPES = {"UTF8String": "string", "Integer": "int", "Long": "bigint", "Double": "double", "Float": "float",
+               "Boolean": "boolean", "Short": "smallint", "Byte": "tinyint", "Decimal": "decimal"}
 _VIEW_NS = re.compile(rf"`?{VIEW_PREFIX}\d+{TIME_NS}`?")
 
 
@@ -67,6 +70,13 @@ def sanitize_spark_message(message: str, plan: QueryPlan | None = None) -> str:
     error_class = match.group(1) + " " if match else ""
     rest = first_line[match.end():] if match else first_line
     rest = re.split(r"\s*SQLSTATE:|;\s*line \d+ pos \d+|\s*== SQL", rest, maxsplit=1)[0]
+    formatter = _FORMATTER_TYPE.fullmatch(rest.strip())
+    if formatter:
+        # Java's Formatter says only `d != org.apache.spark.unsafe.types.UTF8String`: a value of the wrong type for
+        # a format_string/printf specifier (a format that is a constant is checked when planning).
+        java = formatter.group(2).rsplit(".", 1)[-1]
+        return (f"format_string/printf: the specifier %{formatter.group(1)} does not fit its value, a "
+                f"{_JAVA_TYPES.get(java, java)}; cast the value or use %s")
     sentence = _FIRST_SENTENCE.match(rest)
     text = (sentence.group(1) if sentence else rest).strip()
     views = {scan.view: scan.table for scan in plan.scans} if plan is not None else {}

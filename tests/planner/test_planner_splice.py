@@ -4,6 +4,8 @@ Every expected text below is written by hand from the query as written."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from iox_planner.errors import BadQueryError, IoxError
@@ -159,3 +161,32 @@ def test_a_table_name_with_padding_resolves_its_qualified_columns() -> None:
     plan = plan_query("SELECT ` lead`.`trail ` FROM ` lead`", source, now_ns=NOW)
     assert plan.spark_sql == "SELECT ` lead`.`trail ` FROM __iox_scan_0 AS ` lead`"
     assert plan.scans[0].columns == (("trail ", ColumnType.TAG),)
+
+
+@pytest.mark.parametrize(("sql", "needle"), [
+    ("SELECT format_string('%n%2$s', 1)", "uses 2 argument(s) but the call gives 1"),
+    ("SELECT printf('%s %s', city) FROM h2o", "uses 2 argument(s) but the call gives 1"),
+    ("SELECT format_string('%q', 1)", "'%q', which Java's Formatter does not know"),
+    ("SELECT format_string('100%')", "ends inside a specifier"),
+])
+def test_a_constant_format_that_java_would_refuse_is_refused_when_planning(sql: str, needle: str) -> None:
+    with pytest.raises(BadQueryError, match=re.escape(needle)):
+        plan_query(sql, SOURCE, now_ns=NOW)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT format_string('%2$s %1$s', 'a', 'b')",
+    "SELECT format_string('%s %<s and 100%%%n', 'a')",
+    "SELECT format_string('%-10.3f|%08X|%,d', 1.5, 255, 1000)",
+    "SELECT printf('%tY-%<tm', time) FROM h2o",
+    "SELECT format_string(city, 1) FROM h2o",
+])
+def test_formats_java_takes_are_taken(sql: str) -> None:
+    assert plan_query(sql, SOURCE, now_ns=NOW).spark_sql
+
+
+def test_a_format_type_mismatch_from_spark_says_what_is_wrong() -> None:
+    from spark_jobs.errors import sanitize_spark_message
+
+    assert sanitize_spark_message("d != org.apache.spark.unsafe.types.UTF8String") == (
+        "format_string/printf: the specifier %d does not fit its value, a string; cast the value or use %s")

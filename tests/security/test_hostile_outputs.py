@@ -108,6 +108,8 @@ CASES: dict[str, tuple[str, Case, str]] = {
     "missing_folder": ("csv", lambda c, t, w: str(t / "missing" / "x.csv"), "does not exist"),
     "file_where_folder_goes": ("parquet", lambda c, t, w: str(c / "keep.txt"), "a file is there"),
     "folder_where_file_goes": ("jsonl", lambda c, t, w: str(c / "folder"), "a folder is there"),
+    "name_past_name_max": ("csv", lambda c, t, w: str(t / ("a" * 300 + ".csv")), "too long for the filesystem"),
+    "path_past_path_max": ("parquet", lambda c, t, w: str(t / "/".join(["b" * 200] * 25)), "too long"),
 }
 
 

@@ -100,6 +100,11 @@ def forbidden_places() -> list[tuple[Path, str]]:
     return [(p.resolve(), what) for p, what in places]
 
 
+# Linux's limits (NAME_MAX, PATH_MAX): a longer name fails deep in a rename with ENAMETOOLONG.
+_NAME_MAX = 255
+_PATH_MAX = 4_096
+
+
 def safe_output_path(path: Path | str) -> Path:
     """An output path checked and made absolute: the folder resolved (symlinks, `..`), the name kept. Refused: an
     empty path, a name that is `.`/`..`, a symlink at the path, a missing folder, a place iox-batch never
@@ -114,6 +119,10 @@ def safe_output_path(path: Path | str) -> Path:
     name = given.name
     if name in ("", ".", "..") or text.endswith(("/.", "/..")) or text in (".", ".."):
         raise BadInputError(f"output {_short(text)} names no file or folder; give a path ending in a name")
+    longest = max(given.parts[1:], key=lambda part: len(os.fsencode(part)), default="")
+    if len(os.fsencode(longest)) > _NAME_MAX or len(os.fsencode(str(given))) > _PATH_MAX:
+        raise BadInputError(f"output {_short(text)} is too long for the filesystem (a name of at most {_NAME_MAX} "
+                            f"bytes, a path of at most {_PATH_MAX:,}); choose a shorter one")
     parent = Path(os.path.expanduser(text)).absolute().parent
     try:
         folder = parent.resolve(strict=True)

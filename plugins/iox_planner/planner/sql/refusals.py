@@ -178,6 +178,10 @@ _SIZE_ARGUMENTS: dict[str, tuple[int, ...]] = {
 _FORMATTERS = frozenset({"format_string", "printf"})
 # A Java format specifier's width and precision (`%-2000000000s`, `%.9999999f`).
 _SPECIFIER = re.compile(r"%(?:\d+\$)?[-#+ 0,(<]*(\d+)?(?:\.(\d+))?[a-zA-Z%]")
+# Java's Formatter, which format_string and printf run: `%[index$][flags][width][.precision][t]conversion`.
+_JAVA_SPECIFIER = re.compile(r"%(?:(\d+)\$)?([-#+ 0,(<]*)(\d+)?(?:\.\d+)?([tT])?(.?)", re.S)
+_CONVERSIONS = set("bBhHsScCdoxXeEfgGaA%n")
+_TIME_CONVERSIONS = set("HIklMSLNpzZsQBbhAaCYyjmdeRTrDFc")
 
 
 def check_allocations(statement: exp.Query, source: Source, limits: SqlLimits) -> None:
@@ -203,6 +207,7 @@ def check_allocations(statement: exp.Query, source: Source, limits: SqlLimits) -
                 size = max(int(width or 0), int(precision or 0))
                 if size > limits.max_alloc:
                     raise alloc_error(shown, size, limits)
+            _check_format(name, arguments[0][0].text, len(arguments) - 1)
         if name == "sequence":
             start, stop = _constant(arguments, 0), _constant(arguments, 1)
             step = _constant(arguments, 2) if len(arguments) > 2 else 1
@@ -210,6 +215,30 @@ def check_allocations(statement: exp.Query, source: Source, limits: SqlLimits) -
                 count = abs(stop - start) // abs(step) + 1
                 if count > limits.max_alloc:
                     raise alloc_error(shown, count, limits)
+
+
+def _check_format(name: str, text: str, given: int) -> None:
+    """A constant format of format_string/printf that Java's Formatter would refuse, said in its terms before
+    running (Spark reports only Java's terse `Format specifier '%2$s'`)."""
+    ordinary = highest = 0
+    for match in _JAVA_SPECIFIER.finditer(text):
+        index, flags, _, time, conversion = match.groups()
+        if not conversion:
+            raise BadQueryError(f"the format of {name}() ends inside a specifier ({match.group(0)!r}); write %% for "
+                                "a percent sign")
+        if (time and conversion not in _TIME_CONVERSIONS) or (not time and conversion not in _CONVERSIONS):
+            raise BadQueryError(f"the format of {name}() has the specifier {match.group(0)!r}, which Java's "
+                                "Formatter does not know; conversions are b h s c d o x e f g a t % n")
+        if conversion in "%n" and not time:
+            continue
+        if index is not None:
+            highest = max(highest, int(index))
+        elif "<" not in flags:
+            ordinary += 1
+    needed = max(highest, ordinary)
+    if needed > given:
+        raise BadQueryError(f"the format of {name}() uses {needed} argument(s) but the call gives {given}; pass "
+                            "one value per specifier (%2$s is the second value)")
 
 
 def _call_arguments(source: Source, where: tuple[int, int]) -> list[list[Token]] | None:
