@@ -190,3 +190,9 @@ def test_a_format_type_mismatch_from_spark_says_what_is_wrong() -> None:
 
     assert sanitize_spark_message("d != org.apache.spark.unsafe.types.UTF8String") == (
         "format_string/printf: the specifier %d does not fit its value, a string; cast the value or use %s")
+
+
+def test_format_is_not_a_spark_function_and_is_not_turned_into_one() -> None:
+    # The re-printing made FORMAT(...) into format_string(...), an error into a value; Spark 4.3 has no format().
+    with pytest.raises(IoxError, match=re.escape("function format() is not in the allowed list")):
+        plan_query("SELECT format('%s', 1)", SOURCE, now_ns=NOW)
