@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from iox_planner.errors import CatalogError
+from iox_planner.errors import BadInputError, CatalogError
 from iox_planner.model import CHUNK_ORDER, TIME, WRITE_SEQ, Chunk, ChunkKind, ColumnType, time_ns_column
 from iox_planner.planner.nodes import (
     DeduplicateExec,
@@ -97,6 +97,16 @@ class Strategy(str, Enum):
 
 
 DEFAULT_STRATEGY = Strategy.ARROW
+
+
+def dedup_strategy(chosen: Strategy | str | None = None) -> Strategy:
+    """`chosen`, else IOX_DEDUP_STRATEGY, else the default; anything else is a one-paragraph error."""
+    text = chosen or os.environ.get("IOX_DEDUP_STRATEGY", "").strip() or DEFAULT_STRATEGY
+    try:
+        return Strategy(text)
+    except ValueError:
+        raise BadInputError(f"IOX_DEDUP_STRATEGY={str(text)[:40]!r} is not a dedup strategy; use one of "
+                            f"{', '.join(s.value for s in Strategy)} (default {DEFAULT_STRATEGY.value})") from None
 
 
 def _dedup_chain(node: PlanNode) -> tuple[list[PlanNode], DeduplicateExec] | None:
@@ -332,7 +342,7 @@ def _chain_needs(chain: Sequence[PlanNode]) -> set[str] | None:
 def execute(spark: SparkSession, plan: QueryPlan, warehouse: Path, *, strategy: Strategy | str | None = None,
             analyze: bool = False) -> Execution:
     """Register one view per scan tree and run the query's SQL over them."""
-    strategy = Strategy(strategy or os.environ.get("IOX_DEDUP_STRATEGY") or DEFAULT_STRATEGY)
+    strategy = dedup_strategy(strategy)
     if analyze:
         # Per-node metrics need each node evaluated on its own; row counts do not depend on the strategy.
         strategy = Strategy.NODE

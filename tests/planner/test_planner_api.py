@@ -229,3 +229,18 @@ def test_predicates_round_trip_with_parentheses() -> None:
     assert [c.sql for c in conjuncts] == ["a = 1 OR b = 2", "c > 3", "d = 'x'", "e IS NULL"]
     assert predicate_sql(conjuncts) == "(a = 1 OR b = 2) AND c > 3 AND d = 'x' AND e IS NULL"
     assert parse_predicate(predicate_sql(conjuncts)) == conjuncts
+
+
+@pytest.mark.parametrize(("pairs", "needle"), [
+    ({"target_partitions": "999999999999999999999"}, "target_partitions takes a whole number from 1 to 10,000"),
+    ({"max_dedup_time_split": "0"}, "from 1 to 100,000"),
+    ({"max_parquet_fanout": "many"}, "max_parquet_fanout takes a whole number"),
+])
+def test_planner_settings_are_bounded_where_they_enter(pairs: dict[str, str], needle: str) -> None:
+    with pytest.raises(BadInputError, match=needle):
+        PlannerSettings.from_env(pairs, environ={})
+    name, value = next(iter(pairs.items()))
+    with pytest.raises(BadInputError, match="IOX_"):
+        PlannerSettings.from_env(environ={f"IOX_{name.upper()}": value})
+    with pytest.raises(BadInputError, match="must be a whole number"):
+        PlannerSettings(target_partitions=10**21)

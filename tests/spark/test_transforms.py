@@ -129,3 +129,15 @@ def test_file_types_follow_the_one_spark_map(spark: Any) -> None:
         ColumnType.INTEGER: T.LongType(), ColumnType.UNSIGNED: T.DecimalType(20, 0),
         ColumnType.BOOLEAN: T.BooleanType(), ColumnType.TIME: T.LongType(),
     }
+
+
+def test_an_unknown_dedup_strategy_is_one_paragraph(monkeypatch: Any) -> None:
+    from iox_planner.errors import BadInputError
+    from spark_jobs.execute import Strategy, dedup_strategy
+
+    monkeypatch.setenv("IOX_DEDUP_STRATEGY", "bogus")
+    with pytest.raises(BadInputError, match="IOX_DEDUP_STRATEGY='bogus' is not a dedup strategy; use one of arrow"):
+        dedup_strategy()
+    assert dedup_strategy("window") is Strategy.WINDOW
+    monkeypatch.setenv("IOX_DEDUP_STRATEGY", "shared")
+    assert dedup_strategy() is Strategy.SHARED

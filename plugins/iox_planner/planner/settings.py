@@ -28,8 +28,9 @@ class PlannerSettings:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise BadInputError(f"planner setting {f.name} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= _CEILINGS[f.name]:
+                raise BadInputError(f"planner setting {f.name} must be a whole number from 1 to "
+                                    f"{_CEILINGS[f.name]:,}, got {value!r}")
 
     @staticmethod
     def names() -> list[str]:
@@ -66,14 +67,22 @@ class PlannerSettings:
         return PlannerSettings(**values)
 
 
+# Past these a plan only grows (groups, slices and lists sized by the setting) without splitting any better: a
+# setting of 10**21 would allocate for it before planning anything.
+_CEILINGS = {"target_partitions": 10_000, "max_dedup_partition_split": 1_000_000, "max_dedup_time_split": 100_000,
+             "max_parquet_fanout": 100_000, "max_dedup_rows_per_slice": 2**62}
+
+
 def _parse(where: str, text: str) -> int:
+    name = where.removeprefix("--set ").removeprefix("IOX_").lower()
+    ceiling = _CEILINGS.get(name, 1)
     try:
         value = int(text.strip().replace("_", ""))
     except ValueError:
         value = 0
-    if value < 1 or not text.strip():
-        raise BadInputError(f"{where}={text!r} is not a positive integer; planner settings "
-                            f"({', '.join(PlannerSettings.names())}) take whole numbers of at least 1")
+    if not 1 <= value <= ceiling or not text.strip():
+        raise BadInputError(f"{where}={text[:40]!r} is not allowed; {name} takes a whole number from 1 to "
+                            f"{ceiling:,}")
     return value
 
 
