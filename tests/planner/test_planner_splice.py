@@ -196,3 +196,9 @@ def test_format_is_not_a_spark_function_and_is_not_turned_into_one() -> None:
     # The re-printing made FORMAT(...) into format_string(...), an error into a value; Spark 4.3 has no format().
     with pytest.raises(IoxError, match=re.escape("function format() is not in the allowed list")):
         plan_query("SELECT format('%s', 1)", SOURCE, now_ns=NOW)
+
+
+def test_a_backquoted_function_name_is_the_name() -> None:
+    assert spark_sql("SELECT `abs`(-1), `ABS`(2)") == "SELECT `abs`(-1), `ABS`(2)"
+    with pytest.raises(IoxError, match=re.escape("function reflect() is not in the allowed list")):
+        plan_query("SELECT `reflect`('a', 'b')", SOURCE, now_ns=NOW)

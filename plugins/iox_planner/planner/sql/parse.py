@@ -71,7 +71,8 @@ def call_name(node: exp.Expr, source: Source) -> str | None:
     call by name (an operator, a keyword form such as CASE ... END). Spark resolves built-in names
     case-insensitively, by this very text: it runs the user's text, not sqlglot's reading of it."""
     if isinstance(node, exp.Anonymous):
-        return str(node.this)
+        # `reflect`(...): a quoted name is still the name (Spark resolves it all the same).
+        return str(node.this.this) if isinstance(node.this, exp.Identifier) else str(node.this)
     where = node.meta.get(CALL)
     if where is None:
         return None
