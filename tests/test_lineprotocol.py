@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from iox_planner.errors import BadInputError
-from iox_planner.ingest.lineprotocol import LineError, ParseResult, Point, Precision, _point, parse
+from iox_planner.ingest.lineprotocol import LineError, ParseResult, Point, Precision, parse
+from iox_planner.ingest.lineprotocol.parser import _point
 from iox_planner.model import ColumnType
 
 F = ColumnType.FLOAT

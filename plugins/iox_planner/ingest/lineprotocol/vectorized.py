@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from iox_planner.catalog.names import UNPRINTABLE
 from iox_planner.ingest.arrow_np import from_numpy, strings, to_numpy
 from iox_planner.ingest.files import arrow_schema
-from iox_planner.ingest.lineprotocol import _BOOLS, Limits, StreamParser, name_ok
+from iox_planner.ingest.lineprotocol.parser import _BOOLS, Limits, StreamParser, name_ok
 from iox_planner.model import TIME, WRITE_SEQ, ColumnType
 from iox_planner.timeutil import INT64_MAX, NS_PER_DAY, partition_of
 
