@@ -6,7 +6,7 @@ included), single spaces, three sections (a timestamp given), heads and field la
 accept, every value of a field of one type in the plain forms (decimal floats without underscores, `12i` up to
 18 digits, `12u` up to 19, the boolean words), and names that agree with the schema known so far. Anything else,
 errors included, returns None and the block goes to `StreamParser.feed`, the exact parser, which alone words
-error messages. So this path only has to be right about what it accepts, and `tests/test_lp_vector.py` checks it
+error messages. So this path only has to be right about what it accepts, and `tests/ingest/test_lp_vector.py` checks it
 against the scalar parser on random and hostile lines.
 
 The fields of a block are read one of two ways. The usual block, every line with the same field keys in the same
@@ -46,7 +46,7 @@ _EQUALS, _COMMA, _PLUS, _HASH = ord("="), ord(","), ord("+"), ord("#")
 
 # Bytes a float value may hold on the uniform path. Over these, Arrow's string-to-float cast accepts exactly the
 # tokens Go's float grammar (the exact parser) does, with the same values, except a leading '+' (refused
-# separately): `tests/test_lp_vector.py` pins that against the exact parser.
+# separately): `tests/ingest/test_lp_vector.py` pins that against the exact parser.
 _FLOAT_BYTES = b"0123456789.eE+-"
 
 # Fields: the keys of each layout, each row's layout, the rows of each layout, and per layout its fields as
