@@ -312,7 +312,7 @@ def test_arrow_float_cast_agrees_with_the_exact_parser_over_the_float_bytes() ->
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from iox_planner.ingest.lineprotocol.parser import _parse_float
+    from iox_planner.ingest.lineprotocol.values import parse_float
 
     rng = random.Random(3)
     tokens = {"".join(p) for n in range(1, 5) for p in itertools.product("09.eE+-", repeat=n)}
@@ -329,7 +329,7 @@ def test_arrow_float_cast_agrees_with_the_exact_parser_over_the_float_bytes() ->
             got = pc.cast(pa.array([token]), pa.float64())[0].as_py()
         except pa.ArrowInvalid:
             got = None
-        want = _parse_float(token) if token[0] in "-.0123456789" else None
+        want = parse_float(token) if token[0] in "-.0123456789" else None
         assert (got is None) == (want is None), token
         if got is not None:
             assert struct.pack("<d", got) == struct.pack("<d", want), token
