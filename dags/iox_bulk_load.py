@@ -21,6 +21,7 @@ from airflow.sdk import DAG, Param, task
 
 from iox_airflow.operators import IoxSparkSubmitOperator
 from iox_airflow.settings import AirflowSettings
+from iox_planner.ingest.lineprotocol import Precision
 from iox_planner.sparkconf import jobs_dir
 
 SETTINGS = AirflowSettings.from_env()
@@ -29,7 +30,7 @@ PARAMS = {
     "db": Param(type="string", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The database to load into."),
     "folder": Param(type="string", minLength=1, maxLength=4096,
                     description="A folder (or file) of line protocol under IOX_BULK_LOAD_ROOT."),
-    "precision": Param("ns", type="string", enum=["ns", "us", "ms", "s"],
+    "precision": Param(Precision.NS.value, type="string", enum=Precision.choices(),
                        description="The unit of the lines' timestamps."),
 }
 

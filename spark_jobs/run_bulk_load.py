@@ -20,9 +20,11 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    from iox_planner.ingest.lineprotocol import Precision
+
     parser = argparse.ArgumentParser(prog="run_bulk_load.py")
     parser.add_argument("--db", required=True)
-    parser.add_argument("--precision", choices=["ns", "us", "ms", "s"], default="ns")
+    parser.add_argument("--precision", choices=Precision.choices(), default=Precision.NS.value)
     parser.add_argument("--accept-partial", action="store_true")
     parser.add_argument("--report", required=True)
     parser.add_argument("--root", help="the folder the input must lie in (a triggered load's IOX_BULK_LOAD_ROOT); "

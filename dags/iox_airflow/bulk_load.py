@@ -11,10 +11,9 @@ from typing import Any, Mapping
 
 from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
+from iox_planner.ingest.lineprotocol import Precision
 
 from iox_airflow.settings import AirflowSettings
-
-_PRECISIONS = ("ns", "us", "ms", "s")
 
 
 def resolve_folder(text: str, settings: AirflowSettings) -> Path:
@@ -50,9 +49,9 @@ def load_args(params: Mapping[str, Any], settings: AirflowSettings, run_id: str)
     if not isinstance(db, str):
         raise BadInputError("db must be a database name")
     check_db_name(db)
-    precision = params.get("precision", "ns")
-    if precision not in _PRECISIONS:
-        raise BadInputError(f"precision must be one of {', '.join(_PRECISIONS)}")
+    precision = params.get("precision", Precision.NS.value)
+    if precision not in Precision.choices():
+        raise BadInputError(f"precision must be one of {', '.join(Precision.choices())}")
     folder = resolve_folder(params.get("folder"), settings)  # type: ignore[arg-type]
     # The job checks the folder against the root again when it opens it: this check ran in an earlier task, and
     # the folder (or a folder on its path) may have become a link since.

@@ -288,6 +288,8 @@ def _add_query_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from iox_planner.ingest.lineprotocol import Precision
+
     parser = _Parser(
         prog="iox-batch",
         description="Batch SQL over IOx-style time-series data: catalog, ingest, planner, Spark execution.",
@@ -302,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     write = sub.add_parser("write", help="write line protocol as ingester chunks")
     _add_db(write)
-    write.add_argument("--precision", choices=["ns", "us", "ms", "s"], default="ns",
+    write.add_argument("--precision", choices=Precision.choices(), default=Precision.NS.value,
                        help="unit of the timestamps (default ns)")
     write.add_argument("--accept-partial", action="store_true",
                        help="store the good lines and report the bad ones (default: reject the whole write)")

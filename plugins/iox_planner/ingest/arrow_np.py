@@ -3,7 +3,7 @@
 `pa.array(...)`, `Array.to_numpy()` and a Python number passed to a compute function all go through pyarrow's
 pandas shim, which imports pandas the first time: about a third of a CPU-second, more than the whole parse of
 100,000 lines. The write path (blocks, the vectorized parser, chunk building) uses these instead, and
-`tests/test_stream_write.py` checks that a write imports neither pandas nor the planner.
+`tests/ingest/test_stream_write.py` checks that a write imports neither pandas nor the planner.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ from iox_planner.ingest import files as storage
 from iox_planner.ingest import write as plain
 from iox_planner.ingest.blocks import line_blocks
 from iox_planner.ingest.lineprotocol import LineError, Limits, Point, Precision, StreamParser
-from iox_planner.ingest.lp_vector import Piece
+from iox_planner.ingest.lineprotocol.vectorized import Piece
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import now_ns, partition_of
 

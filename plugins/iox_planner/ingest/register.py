@@ -23,15 +23,13 @@ from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError
 from iox_planner.ingest import files as storage
+from iox_planner.ingest.lineprotocol import Precision
 from iox_planner.ingest.write import Staged, chunk_path
 from iox_planner.model import LOCAL_STORE, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, check_range, format_time, partition_bounds, partition_of
 
 
 # --- registering a result as a catalog table ----------------------------------------------------------------------
-
-_UNIT_NS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
-
 
 def catalog_columns(data: pa.Table, tags: Sequence[str]) -> tuple[pa.Table, dict[str, ColumnType]]:
     """A result as a catalog table would hold it: `tags` as tags, `time` as int64 ns, every other column a field
@@ -80,7 +78,7 @@ def _time_ns(column: pa.ChunkedArray) -> pa.ChunkedArray:
         raise BadInputError(f"`time` is NULL in {column.null_count} row(s) of the result; every row needs a time")
     kind = column.type
     if pa.types.is_timestamp(kind):
-        factor = _UNIT_NS[kind.unit]
+        factor = Precision(kind.unit).multiplier
         return pc.multiply_checked(column.cast(pa.int64()), pa.scalar(factor, pa.int64()))
     if pa.types.is_integer(kind):
         return column.cast(pa.int64())

@@ -28,8 +28,8 @@ from iox_planner.errors import BadInputError
 from iox_planner.faults import kill_point
 from iox_planner.ingest.arrow_np import from_numpy
 from iox_planner.ingest.blocks import Block, text_blocks
-from iox_planner.ingest.lp_vector import Piece, parse_block
 from iox_planner.ingest.lineprotocol import LineError, Point, Precision, StreamParser, describe_errors
+from iox_planner.ingest.lineprotocol.vectorized import Piece, parse_block
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, WRITE_SEQ, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, now_ns, partition_of
 

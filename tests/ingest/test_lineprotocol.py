@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from iox_planner.errors import BadInputError
-from iox_planner.ingest.lineprotocol import LineError, ParseResult, Point, Precision, _point, parse
+from iox_planner.ingest.lineprotocol import LineError, ParseResult, Point, Precision, parse
+from iox_planner.ingest.lineprotocol.points import new_point
 from iox_planner.model import ColumnType
 
 F = ColumnType.FLOAT
@@ -81,7 +82,7 @@ def test_tags_are_read_only() -> None:
 
 
 def test_fast_point_matches_the_dataclass_constructor() -> None:
-    built = _point(3, "m", {"t": "a"}, {"f": (F, 1.0)}, 9)
+    built = new_point(3, "m", {"t": "a"}, {"f": (F, 1.0)}, 9)
     assert built == Point(3, "m", {"t": "a"}, {"f": (F, 1.0)}, 9)
     assert repr(built) == repr(Point(3, "m", {"t": "a"}, {"f": (F, 1.0)}, 9))
 

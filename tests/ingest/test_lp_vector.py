@@ -21,7 +21,7 @@ import pytest
 
 from iox_planner.ingest.blocks import text_blocks
 from iox_planner.ingest.lineprotocol import Limits, StreamParser, parse
-from iox_planner.ingest.lp_vector import Piece
+from iox_planner.ingest.lineprotocol.vectorized import Piece
 from iox_planner.ingest.write import parse_blocks
 from iox_planner.model import TIME, WRITE_SEQ, ColumnType
 from iox_planner.timeutil import partition_of
@@ -205,7 +205,7 @@ def test_a_commented_out_line_is_a_comment_on_both_paths() -> None:
         assert (got_rows, got_errors) == (want_rows, want_errors)
 
 
-# --- the uniform-layout branch (`lp_vector._uniform_fields`): blocks whose lines all share one field layout ----
+# --- the uniform-layout branch (`vectorized._uniform_fields`): blocks whose lines all share one field layout ----
 
 UNIFORM_KEYS = ["usage_user", "usage_system", "usage_idle", "n"]
 
@@ -265,11 +265,11 @@ def mutated_line(rng: random.Random, line: str) -> str:
 def test_the_uniform_branch_is_taken_and_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     """Regular input with every field present goes through the uniform branch (counted), rows equal to the exact
     parser's, and a column whose values are all integers (12i) in one block is typed there too."""
-    from iox_planner.ingest import lp_vector
+    from iox_planner.ingest.lineprotocol import vectorized
 
     taken = []
-    real = lp_vector._uniform_fields
-    monkeypatch.setattr(lp_vector, "_uniform_fields", lambda body, lim: taken.append(real(body, lim)) or taken[-1])
+    real = vectorized._uniform_fields
+    monkeypatch.setattr(vectorized, "_uniform_fields", lambda body, lim: taken.append(real(body, lim)) or taken[-1])
     rng = random.Random(7)
     lines = [uniform_line(rng, h % 30, T0 + h * 1_000_000_000) for h in range(1200)]
     lines += [f"mem,host=h{k % 3} used={k}i,free={k}u,up=t {T0 + k}" for k in range(200)]
@@ -312,7 +312,7 @@ def test_arrow_float_cast_agrees_with_the_exact_parser_over_the_float_bytes() ->
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from iox_planner.ingest.lineprotocol import _parse_float
+    from iox_planner.ingest.lineprotocol.values import parse_float
 
     rng = random.Random(3)
     tokens = {"".join(p) for n in range(1, 5) for p in itertools.product("09.eE+-", repeat=n)}
@@ -329,7 +329,7 @@ def test_arrow_float_cast_agrees_with_the_exact_parser_over_the_float_bytes() ->
             got = pc.cast(pa.array([token]), pa.float64())[0].as_py()
         except pa.ArrowInvalid:
             got = None
-        want = _parse_float(token) if token[0] in "-.0123456789" else None
+        want = parse_float(token) if token[0] in "-.0123456789" else None
         assert (got is None) == (want is None), token
         if got is not None:
             assert struct.pack("<d", got) == struct.pack("<d", want), token

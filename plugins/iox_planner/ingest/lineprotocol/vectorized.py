@@ -6,7 +6,7 @@ included), single spaces, three sections (a timestamp given), heads and field la
 accept, every value of a field of one type in the plain forms (decimal floats without underscores, `12i` up to
 18 digits, `12u` up to 19, the boolean words), and names that agree with the schema known so far. Anything else,
 errors included, returns None and the block goes to `StreamParser.feed`, the exact parser, which alone words
-error messages. So this path only has to be right about what it accepts, and `tests/test_lp_vector.py` checks it
+error messages. So this path only has to be right about what it accepts, and `tests/ingest/test_lp_vector.py` checks it
 against the scalar parser on random and hostile lines.
 
 The fields of a block are read one of two ways. The usual block, every line with the same field keys in the same
@@ -27,7 +27,10 @@ import pyarrow.compute as pc
 from iox_planner.catalog.names import UNPRINTABLE
 from iox_planner.ingest.arrow_np import from_numpy, strings, to_numpy
 from iox_planner.ingest.files import arrow_schema
-from iox_planner.ingest.lineprotocol import _BOOLS, Limits, StreamParser, name_ok
+from iox_planner.ingest.lineprotocol.limits import Limits
+from iox_planner.ingest.lineprotocol.names import name_ok
+from iox_planner.ingest.lineprotocol.parser import StreamParser
+from iox_planner.ingest.lineprotocol.values import BOOLS
 from iox_planner.model import TIME, WRITE_SEQ, ColumnType
 from iox_planner.timeutil import INT64_MAX, NS_PER_DAY, partition_of
 
@@ -37,8 +40,8 @@ _UINT_RE = r"^[0-9]{1,19}u$"
 # In range for int64 whatever the digits: up to 18 digits, or 19 starting with 1-8.
 _STAMP_RE = r"^-?(?:[0-9]{1,18}|[1-8][0-9]{18})$"
 # Arrow values built through `arrow_np`, never from Python lists or numbers (pyarrow's converters import pandas).
-_TRUE = strings([k for k, v in _BOOLS.items() if v])
-_ALL_BOOLS = strings(list(_BOOLS))
+_TRUE = strings([k for k, v in BOOLS.items() if v])
+_ALL_BOOLS = strings(list(BOOLS))
 _HEAD, _BODY, _STAMP = from_numpy(np.arange(3, dtype=np.int32))
 _ARROW = {ColumnType.FLOAT: pa.float64(), ColumnType.INTEGER: pa.int64(), ColumnType.UNSIGNED: pa.uint64(),
           ColumnType.BOOLEAN: pa.bool_()}
@@ -46,7 +49,7 @@ _EQUALS, _COMMA, _PLUS, _HASH = ord("="), ord(","), ord("+"), ord("#")
 
 # Bytes a float value may hold on the uniform path. Over these, Arrow's string-to-float cast accepts exactly the
 # tokens Go's float grammar (the exact parser) does, with the same values, except a leading '+' (refused
-# separately): `tests/test_lp_vector.py` pins that against the exact parser.
+# separately): `tests/ingest/test_lp_vector.py` pins that against the exact parser.
 _FLOAT_BYTES = b"0123456789.eE+-"
 
 # Fields: the keys of each layout, each row's layout, the rows of each layout, and per layout its fields as
@@ -273,7 +276,7 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
     """The block's rows as pieces per (measurement, day), committing names to `parser`'s schema and moving its
     line count on; None (nothing changed) if any line needs the exact parser, or if a column disagrees with
     `catalog(measurement)` (the table's columns in the catalog: the writer words that error, by line)."""
-    if arr is None or parser._carry or not len(arr) or arr.null_count:
+    if arr is None or parser.pending or not len(arr) or arr.null_count:
         return None
     if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         return None
