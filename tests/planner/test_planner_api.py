@@ -54,8 +54,8 @@ def test_settings_from_environment_then_overrides() -> None:
 
 @pytest.mark.parametrize(("overrides", "env", "fragment"), [
     ({"target_partition": "2"}, {}, "valid settings: target_partitions, max_dedup_partition_split"),
-    ({"target_partitions": "two"}, {}, "not a positive integer"),
-    ({"target_partitions": "0"}, {}, "not a positive integer"),
+    ({"target_partitions": "two"}, {}, "target_partitions takes a whole number from 1 to 10,000"),
+    ({"target_partitions": "0"}, {}, "target_partitions takes a whole number from 1"),
     ({}, {"IOX_MAX_DEDUP_TIME_SPLIT": "-1"}, "IOX_MAX_DEDUP_TIME_SPLIT"),
 ])
 def test_bad_settings_name_the_valid_ones(overrides: dict[str, str], env: dict[str, str], fragment: str) -> None:
