@@ -51,7 +51,8 @@ from iox_planner.catalog.schema import parquet_files  # noqa: E402
 from iox_planner.catalog.store import Catalog, CatalogSource, drop_database  # noqa: E402
 from iox_planner.config import warehouse  # noqa: E402
 from iox_planner.ingest import tsbs  # noqa: E402
-from iox_planner.ingest.compact import CompactSettings, compact  # noqa: E402
+from iox_planner.maintenance.compact.run import compact  # noqa: E402
+from iox_planner.maintenance.compact.settings import CompactSettings  # noqa: E402
 from iox_planner.planner import plan_query  # noqa: E402
 
 

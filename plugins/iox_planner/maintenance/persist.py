@@ -1,11 +1,9 @@
 """Persist: ingester chunks become sorted, deduplicated Parquet files (one per partition), and which partitions
 a scheduled persist should pick (those whose ingester chunks pile up). Files are written before their catalog
-rows commit and removed again if the commit fails."""
+rows commit and removed again if the commit fails; each persist then runs the sweeps (`sweeps.py`)."""
 
 from __future__ import annotations
 
-import re
-import stat
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,18 +12,18 @@ from typing import Callable, Sequence
 import pyarrow.compute as pc
 import sqlalchemy as sa
 
+from iox_planner import storage
+from iox_planner.catalog import locks
 from iox_planner.catalog.names import check_name, excerpt
-from iox_planner.catalog.schema import (databases, database_orders, ingester_chunks, parquet_files, partitions,
-                                       tables)
+from iox_planner.catalog.schema import databases, ingester_chunks, partitions, tables
 from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError
 from iox_planner.faults import kill_point
-from iox_planner.ingest import files as storage
-from iox_planner.ingest.write import Staged, chunk_path
+from iox_planner.ingest import files as chunk_files
+from iox_planner.maintenance.sweeps import (DEFAULT_GRACE_SECONDS, collect_garbage, sweep_compaction_strays,
+                                            sweep_unreferenced)
 from iox_planner.model import LOCAL_STORE, TIME, ChunkKind
-
-DEFAULT_GRACE_SECONDS = 3600.0
 
 
 # --- persist -------------------------------------------------------------------------------------------------
@@ -104,9 +102,9 @@ def _check_mergeable(chunks: Sequence[ChunkRow]) -> None:
 def _persist_partition(
     catalog: Catalog, db_id: int, partition_id: int, root: Path, after_read: Callable[[], None] | None
 ) -> PersistResult | None:
-    staged = Staged(root)
+    staged = storage.Staged(root)
     with staged.transaction(catalog) as conn:
-        fixed_key = catalog.lock_partition(conn, partition_id)
+        fixed_key = locks.lock_partition(conn, partition_id)
         chunks = catalog.chunk_rows(conn, db_id, partition_id=partition_id)
         _check_mergeable(chunks)
         ingester = [c for c in chunks if c.kind is ChunkKind.INGESTER]
@@ -116,192 +114,30 @@ def _persist_partition(
             after_read()
         first = ingester[0]
         table_columns = catalog.table_columns(conn, first.table_id)
-        parts = [(c.order, storage.read_chunk(root / c.path, c.display_id)) for c in ingester]
+        parts = [(c.order, chunk_files.read_chunk(root / c.path, c.display_id)) for c in ingester]
         columns = {name: table_columns[name] for c in ingester for name in c.column_names}
-        merged = storage.deduplicate(parts, columns)
-        key = storage.partition_sort_key(fixed_key, columns, merged)
+        merged = chunk_files.deduplicate(parts, columns)
+        key = chunk_files.partition_sort_key(fixed_key, columns, merged)
         if list(key) != list(fixed_key or []):
             catalog.set_sort_key(conn, partition_id, key)
         file_key = [c for c in key if c in columns]
-        merged = storage.sort_table(merged, file_key)
-        rel = chunk_path(db_id, first.table_id, partition_id)
+        merged = chunk_files.sort_table(merged, file_key)
+        rel = storage.chunk_path(db_id, first.table_id, partition_id)
         staged.paths.append(root / rel)
         size = storage.write_parquet_atomic(merged, root / rel, metadata={"iox.kind": "parquet"})
         order = max(c.order for c in ingester)
         mm = pc.min_max(merged[TIME]).as_py()
         file_id = catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(
-            object_id=Path(rel).stem, label=None, table_id=first.table_id, partition_id=partition_id,
+            object_id=storage.object_id(rel), label=None, table_id=first.table_id, partition_id=partition_id,
             store=LOCAL_STORE, path=rel, min_time=mm["min"], max_time=mm["max"], row_count=merged.num_rows,
-            file_size=size, column_names=storage.column_layout(columns),
-            tag_ranges={k: list(v) for k, v in storage.tag_ranges(merged, columns).items()},
+            file_size=size, column_names=chunk_files.column_layout(columns),
+            tag_ranges={k: list(v) for k, v in chunk_files.tag_ranges(merged, columns).items()},
             chunk_order=order, sort_key=file_key,
         ))
         catalog.retire_chunks(conn, ChunkKind.INGESTER, [c.id for c in ingester])
         kill_point("persist.before_commit")
         return PersistResult(first.table, first.partition, len(ingester), sum(c.row_count for c in ingester),
                              merged.num_rows, f"P{file_id}", order)
-
-
-def collect_garbage(catalog: Catalog, root: Path, grace_seconds: float) -> int:
-    """Delete files retired longer ago than the grace period, then their rows. Returns how many."""
-    with catalog.engine.begin() as conn:
-        expired = catalog.expired_chunks(conn, grace_seconds)
-        for kind in ChunkKind:
-            ids = [cid for k, cid, _, _ in expired if k is kind]
-            if ids:
-                catalog.delete_chunk_rows(conn, kind, ids)
-    # Rows go first: a crash between the two leaves an orphan file, never a row naming a missing file.
-    for _, _, store, path in expired:
-        if store == LOCAL_STORE:
-            (root / path).unlink(missing_ok=True)
-    return len(expired)
-
-
-# A chunk file is written before its catalog row commits (write.py, persist above), so a command killed between
-# the two leaves a file no row names, and one killed inside `write_parquet_atomic` leaves its hidden temporary.
-# Nothing else ever deletes those: this sweep does, for one database, once they are older than the grace period
-# (a file younger than that may belong to a write still in flight). Only names iox-batch itself gives chunk
-# files, in `<db id>/<table id>/<partition id>/` folders (ids: digits only), are candidates.
-_CHUNK_FILE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.parquet")
-_CHUNK_TEMP = re.compile(r"\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.parquet\.[0-9a-f]{32}\.tmp")
-
-
-def sweep_unreferenced(catalog: Catalog, root: Path, db_id: int, grace_seconds: float) -> list[str]:
-    """Delete database `db_id`'s chunk files (and chunk temporaries) that no catalog row names, live or retired,
-    once older than `grace_seconds`, unless a write into the database is in flight; then its table and partition
-    folders left empty, if they were older than `grace_seconds` too. Returns the deleted files' warehouse-relative
-    paths. Dead bulk loads' staging folders (`_bulk/<load id>`, any database's: a load into a
-    new database has no database id yet) go too, with the files they moved but never registered (`bulk.py`)."""
-    from iox_planner.ingest.bulk import STAGING, sweep_bulk_loads
-
-    loads = [f"{STAGING}/{load}" for load in sweep_bulk_loads(catalog, root, grace_seconds)]
-    folder = root / str(db_id)
-    if not folder.is_dir():
-        return loads
-    with catalog.engine.begin() as guard:
-        # Every write holds its database's order row from its start to its commit (catalog.lock_orders). Locked
-        # now: a write is in flight, and its chunk files (older than the grace period if it streams for long)
-        # have no committed row yet: sweep another time. Held while sweeping, so no write starts meanwhile.
-        if guard.execute(sa.select(database_orders.c.database_id).where(database_orders.c.database_id == db_id)
-                         .with_for_update(skip_locked=True)).first() is None:
-            return loads
-        return loads + _sweep_unreferenced(catalog, root, db_id, grace_seconds, folder)
-
-
-def _sweep_unreferenced(catalog: Catalog, root: Path, db_id: int, grace_seconds: float, folder: Path) -> list[str]:
-    import time
-
-    with catalog.engine.connect() as conn:
-        known: set[str] = set()
-        for ct in (parquet_files, ingester_chunks):
-            rows = conn.execute(sa.select(ct.c.path).join(tables, ct.c.table_id == tables.c.id)
-                                .where(tables.c.database_id == db_id))
-            known.update(r.path for r in rows)
-    cutoff = time.time() - grace_seconds
-    removed = []
-    # Every `<table id>/<partition id>/` folder, the catalog's or not: a write killed after creating its table or
-    # partition leaves folders of ids its rolled-back transaction never committed (ids are never reused), and only
-    # a sweep that visits them removes their files. No row can name a file there, and no write into the database
-    # is in flight (the caller holds its order row), so what is old enough is a dead command's.
-    for table_dir in folder.iterdir():
-        if not _ID.fullmatch(table_dir.name) or table_dir.is_symlink() or not table_dir.is_dir():
-            continue
-        table_old = _older_than(table_dir, cutoff)
-        for part_dir in table_dir.iterdir():
-            if not _ID.fullmatch(part_dir.name) or part_dir.is_symlink() or not part_dir.is_dir():
-                continue
-            part_old = _older_than(part_dir, cutoff)  # before this sweep's own unlinks touch it
-            for entry in part_dir.iterdir():
-                rel = f"{db_id}/{table_dir.name}/{part_dir.name}/{entry.name}"
-                if not (_CHUNK_FILE.fullmatch(entry.name) or _CHUNK_TEMP.fullmatch(entry.name)) or rel in known:
-                    continue
-                try:
-                    st = entry.lstat()
-                except FileNotFoundError:
-                    continue
-                if not stat.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
-                    continue
-                # Checked again just before deleting: a row committed since the listing above names it.
-                if _referenced(catalog, rel):
-                    continue
-                entry.unlink(missing_ok=True)
-                removed.append(rel)
-            if part_old:
-                _remove_if_empty(part_dir)
-        if table_old:
-            _remove_if_empty(table_dir)
-    return removed
-
-
-_ID = re.compile(r"[0-9]+")
-
-
-def _older_than(path: Path, cutoff: float) -> bool:
-    """Whether `path` was last changed (an entry added or removed) before `cutoff`: a folder a writer has just
-    created, or just put a file in, is young."""
-    try:
-        return path.lstat().st_mtime <= cutoff
-    except FileNotFoundError:
-        return False
-
-
-def _remove_if_empty(folder: Path) -> None:
-    """rmdir: it removes only an empty folder, atomically, so a file put in meanwhile keeps it (never a recursive
-    delete)."""
-    try:
-        folder.rmdir()
-    except OSError:  # not empty (or gone already)
-        pass
-
-
-def _referenced(catalog: Catalog, rel: str) -> bool:
-    with catalog.engine.connect() as conn:
-        return any(conn.execute(sa.select(ct.c.id).where(ct.c.path == rel).limit(1)).first() is not None
-                   for ct in (parquet_files, ingester_chunks))
-
-
-COMPACTED_SUFFIX = ".compacted.parquet"
-"""Compaction names its outputs `<uuid>.compacted.parquet`, so a sweep knows a stray one from a write's or a
-persist's file in flight (which it must never touch)."""
-_STRAY = re.compile(r"^\.?[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.compacted\.parquet"
-                    r"(\.[0-9a-f]{32}\.tmp)?$")
-
-
-def sweep_compaction_strays(catalog: Catalog, root: Path, partition_ids: Sequence[int]) -> int:
-    """Delete compaction outputs the catalog does not name (left by a compaction killed before its swap) in the
-    given partitions' folders. Only under the partition's compaction lock: a compaction in flight holds it, so
-    its staged outputs are never taken for strays; a partition whose lock is held is left for the next sweep."""
-    removed = 0
-    with catalog.engine.connect() as conn:
-        for pid in partition_ids:
-            if not catalog.try_lock_compaction(conn, pid):
-                continue
-            try:
-                removed += sweep_locked_partition(catalog, conn, root, pid)
-            finally:
-                catalog.unlock_compaction(conn, pid)
-                conn.commit()
-    return removed
-
-
-def sweep_locked_partition(catalog: Catalog, conn: sa.Connection, root: Path, partition_id: int) -> int:
-    """The sweep of one partition whose compaction lock `conn` holds."""
-    row = conn.execute(sa.select(partitions.c.table_id, tables.c.database_id)
-                       .join_from(partitions, tables, partitions.c.table_id == tables.c.id)
-                       .where(partitions.c.id == partition_id)).first()
-    if row is None:
-        return 0
-    rel = f"{int(row.database_id)}/{int(row.table_id)}/{partition_id}"
-    folder = root / rel
-    if not folder.is_dir():
-        return 0
-    known = catalog.partition_paths(conn, partition_id)
-    removed = 0
-    for entry in folder.iterdir():
-        if _STRAY.fullmatch(entry.name) and f"{rel}/{entry.name}" not in known and entry.is_file():
-            entry.unlink(missing_ok=True)
-            removed += 1
-    return removed
 
 
 # --- persisting on a schedule ---------------------------------------------------------------------------------------
