@@ -9,6 +9,7 @@ from typing import Sequence
 import pytest
 import sqlalchemy as sa
 
+from helpers import assert_one_paragraph_error, run_cli
 from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.scenario import load_scenario, parse_scenario
@@ -57,6 +58,41 @@ def test_settings_from_env_refuse_bad_values(monkeypatch: pytest.MonkeyPatch) ->
         CompactSettings.from_env()
     monkeypatch.setenv("IOX_COMPACT_MAX_ROWS", "1_000")
     assert CompactSettings.from_env().max_rows == 1000
+
+
+@pytest.mark.parametrize("partition", ["2024-02-30", "2023-02-29", "2024-04-31", "2024-13-01", "2024-00-10",
+                                       "2024-01-00", "0000-01-01", "2024-1-01", "20240101", "2024-W01-1",
+                                       "\u0662\u0660\u0662\u0664-01-01", "2024-01-01 ", "2024-01-01T00"])
+def test_a_partition_must_be_a_calendar_day(catalog: Catalog, db: str, warehouse: Path, partition: str) -> None:
+    """Checked by the library (the CLI, the spark-submit job and the DAG's batches all go through it), before
+    anything is locked or read: one paragraph, nothing changed."""
+    load_scenario(catalog, parse_scenario({"chunks": [
+        {"id": "F1", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {T0}"},
+        {"id": "F2", "kind": "parquet", "order": 2, "lines": f"m,t=a f=2 {T0}"}]}), db)
+    with pytest.raises(BadInputError, match="--partition .* is not a (UTC calendar day|partition key)") as err:
+        dry_run(catalog, db, partition=partition)
+    assert "\n" not in str(err.value)
+    with pytest.raises(BadInputError, match="--partition"):
+        compact(catalog, db, _in_process, partition=partition, warehouse=warehouse, settings=CompactSettings())
+    assert sorted(_files(catalog, db)) == ["F1", "F2"] and all(lv == 0 for _, _, lv in _files(catalog, db).values())
+
+
+def test_a_real_day_is_a_partition_even_the_29th_of_february(catalog: Catalog, db: str) -> None:
+    leap = 1_709_164_800_000_000_000  # 2024-02-29T00:00:00Z
+    load_scenario(catalog, parse_scenario({"chunks": [
+        {"id": "F1", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {leap}"},
+        {"id": "F2", "kind": "parquet", "order": 2, "lines": f"m,t=a f=2 {leap}"}]}), db)
+    [plan] = dry_run(catalog, db, partition="2024-02-29", settings=CompactSettings())
+    assert isinstance(plan, PartitionPlan) and plan.partition == "2024-02-29"
+    assert dry_run(catalog, db, partition="2024-02-28", settings=CompactSettings()) == []
+
+
+def test_the_cli_refuses_a_day_that_does_not_exist(catalog: Catalog, db: str) -> None:
+    load_scenario(catalog, parse_scenario({"chunks": [
+        {"id": "F1", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {T0}"}]}), db)
+    for extra in (["--dry-run"], []):
+        result = run_cli("compact", "--db", db, "--partition", "2024-02-30", *extra)
+        assert_one_paragraph_error(result, "2024-02-30", "calendar day")
 
 
 def test_dry_run_reports_a_partition_waiting_for_persist(catalog: Catalog, db: str) -> None:

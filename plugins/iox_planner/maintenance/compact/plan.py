@@ -5,6 +5,8 @@ slices; or why the partition must wait (`Skip`). Read-only: nothing here locks o
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -317,12 +319,25 @@ def check_target(catalog: Catalog, conn: sa.Connection, db: str, table: str | No
             names = ", ".join(sorted(known)) or "none"
             raise CatalogError(f"table {excerpt(table)} does not exist in database {db!r} (tables: {names})")
     if partition is not None:
-        import re
-
-        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", partition):
-            raise BadInputError(f"--partition {excerpt(partition)} is not a partition key; give a UTC day, "
-                                "YYYY-MM-DD")
+        check_partition(partition)
     return db_id
+
+
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def check_partition(partition: str) -> None:
+    """A partition argument must name a day partition: a real calendar day written `YYYY-MM-DD` (ASCII digits), as
+    the partitions' keys are. A day that does not exist (`2024-02-30`) names no partition, so it is refused rather
+    than matching nothing."""
+    if not _DAY.fullmatch(partition):
+        raise BadInputError(f"--partition {excerpt(partition)} is not a partition key; give a UTC day, "
+                            "YYYY-MM-DD")
+    try:
+        dt.date.fromisoformat(partition)
+    except ValueError:
+        raise BadInputError(f"--partition {excerpt(partition)} is not a UTC calendar day (no such date); give a "
+                            "day that exists, YYYY-MM-DD") from None
 
 
 def dry_run(catalog: Catalog, db: str, *, table: str | None = None, partition: str | None = None,
