@@ -1,5 +1,5 @@
-"""Writes: line protocol (or an Arrow table) becomes ingester chunks; persist.py turns them into Parquet files.
-Files are written before their catalog rows commit and removed again if the commit fails, so a
+"""Writes: line protocol (or an Arrow table) becomes ingester chunks; maintenance/persist.py turns them into Parquet
+files. Files are written before their catalog rows commit and removed again if the commit fails, so a
 failed command leaves catalog and warehouse as they were."""
 
 from __future__ import annotations
