@@ -5,7 +5,8 @@ the catalog names a file.
     <db id>/<table id>/<partition id>/<uuid>.parquet            a chunk: write, persist, bulk load, registration
     <db id>/<table id>/<partition id>/<uuid>.compacted.parquet  a compaction's output (staged, then swapped in)
     <folder>/.<name>.<32 hex digits>.tmp                        a file being written (`write_parquet_atomic`)
-    _bulk/<load id>/                                             a bulk load's staging folder (id: 32 hex digits)
+    _bulk/<load id>/                                            a bulk load's staging folder (id: 32 hex digits):
+                                                                its tasks' chunks and its manifest
 
 Paths are built from catalog ids, never from names, and are relative to the warehouse root.
 """
@@ -80,6 +81,12 @@ def new_load_id() -> str:
 def bulk_staging(root: Path, load_id: str) -> Path:
     """A bulk load's staging folder."""
     return root / BULK_STAGING / load_id
+
+
+def bulk_staged_name(file_index: int, range_index: int, n: int) -> str:
+    """The `n`th chunk a bulk load's task stages for one byte range of one input file, in the load's staging
+    folder: unique within the load, and in input order when sorted."""
+    return f"{file_index:06d}-{range_index:06d}-{n:04d}.parquet"
 
 
 def temp_path(path: Path) -> Path:

@@ -315,7 +315,7 @@ def parse_range(r: Range, params: TaskParams) -> RangeResult:
         columns, data, _ = pending[key].take()
         if data.num_rows > MAX_WRITE_POSITION + 1:
             return RangeResult(r.file_index, r.range_index, problem="a range too large for one chunk")
-        name = f"{r.file_index:06d}-{r.range_index:06d}-{n:04d}.parquet"
+        name = storage.bulk_staged_name(r.file_index, r.range_index, n)
         size = storage.write_parquet_atomic(data, Path(params.staging) / name, metadata={"iox.kind": "ingester"})
         mm = pc.min_max(data[TIME]).as_py()
         chunks.append(StagedChunk(key[0], key[1], tuple((c, t.value) for c, t in columns.items()), data.num_rows,
