@@ -47,7 +47,7 @@ def bulk_load_key(load_id: str) -> int:
     return BULK_LOAD_LOCK + int(load_id[:12], 16)
 
 
-# --- advisory locks ---------------------------------------------------------------------------------------------
+# --- advisory locks -----------------------------------------------------------------------------------------------
 
 
 def lock_migrations(conn: Connection) -> None:
@@ -90,7 +90,7 @@ def still_held(conn: Connection, session: int, key: int) -> bool:
     return backend_pid(conn) == session and holds(conn, key)
 
 
-# --- row locks --------------------------------------------------------------------------------------------------
+# --- row locks ----------------------------------------------------------------------------------------------------
 
 
 def lock_partition(conn: Connection, partition_id: int) -> tuple[str, ...] | None:

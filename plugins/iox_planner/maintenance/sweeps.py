@@ -27,7 +27,7 @@ DEFAULT_GRACE_SECONDS = 3600.0
 names must be before a sweep takes it for a dead command's (a younger one may belong to a write in flight)."""
 
 
-# --- retired files --------------------------------------------------------------------------------------------------
+# --- retired files ------------------------------------------------------------------------------------------------
 
 
 def collect_garbage(catalog: Catalog, root: Path, grace_seconds: float) -> int:
@@ -45,7 +45,7 @@ def collect_garbage(catalog: Catalog, root: Path, grace_seconds: float) -> int:
     return len(expired)
 
 
-# --- unreferenced chunk files ----------------------------------------------------------------------------------------
+# --- unreferenced chunk files -------------------------------------------------------------------------------------
 
 # A chunk file is written before its catalog row commits (ingest/write.py, persist), so a command killed between
 # the two leaves a file no row names, and one killed inside `write_parquet_atomic` leaves its hidden temporary.
@@ -132,7 +132,7 @@ def _remove_if_empty(folder: Path) -> None:
         pass
 
 
-# --- compaction's strays ---------------------------------------------------------------------------------------------
+# --- compaction's strays ------------------------------------------------------------------------------------------
 
 
 def sweep_compaction_strays(catalog: Catalog, root: Path, partition_ids: Sequence[int]) -> int:
@@ -172,7 +172,7 @@ def sweep_locked_partition(conn: sa.Connection, root: Path, partition_id: int) -
     return removed
 
 
-# --- dead bulk loads -------------------------------------------------------------------------------------------------
+# --- dead bulk loads ----------------------------------------------------------------------------------------------
 
 
 def sweep_bulk_loads(catalog: Catalog, root: Path, grace_seconds: float) -> list[str]:

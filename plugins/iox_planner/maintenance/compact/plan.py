@@ -281,7 +281,7 @@ def without_rewrite(plan: PartitionPlan) -> PartitionPlan | Skip:
                                slice_orders=(), why=why, waits=NO_REWRITE)
 
 
-# --- finding work ------------------------------------------------------------------------------------------
+# --- finding work -------------------------------------------------------------------------------------------------
 
 
 def find_work(catalog: Catalog, conn: sa.Connection, db_id: int, settings: CompactSettings, *,
