@@ -3,7 +3,7 @@ compaction, compacted, queried after.
 
 For each rewrite fraction it builds hourly Parquet files (L0) plus the rewritten hours (overlapping L0 files with
 changed and omitted fields, as `bench_spark.py` builds them), plans the query, compacts the database
-(`ingest/compact.py`, slices on the one SparkSession), plans the query again, and then times in one interleaved
+(`maintenance/compact/`, slices on the one SparkSession), plans the query again, and then times in one interleaved
 run (variants taking turns, `--repeat` rounds after a warm-up round; the table shows each variant's median, and
 each ratio as the median of the rounds' own ratios):
   - before:  the plan made before compaction (its files are retired but kept for the grace period, so it still
@@ -51,7 +51,8 @@ from iox_planner.catalog.schema import parquet_files  # noqa: E402
 from iox_planner.catalog.store import Catalog, CatalogSource, drop_database  # noqa: E402
 from iox_planner.config import warehouse  # noqa: E402
 from iox_planner.ingest import tsbs  # noqa: E402
-from iox_planner.ingest.compact import CompactSettings, compact  # noqa: E402
+from iox_planner.maintenance.compact.run import compact  # noqa: E402
+from iox_planner.maintenance.compact.settings import CompactSettings  # noqa: E402
 from iox_planner.planner import plan_query  # noqa: E402
 
 

@@ -48,9 +48,11 @@ with DAG(
 
     @task
     def find_work(**context: Any) -> list[list[str]]:
-        from iox_airflow.compaction import batch_args
+        from iox_planner.maintenance.compact.batches import plan_batches, report_folder
 
-        batches = batch_args(AirflowSettings.from_env(), str(context["run_id"]))
+        settings = AirflowSettings.from_env()
+        batches = plan_batches(settings.compact_databases, settings.max_spark_jobs,
+                               report_folder(str(context["run_id"])))
         context["ti"].xcom_push(key="promote", value=batches.promote)
         return batches.spark
 
@@ -58,7 +60,7 @@ with DAG(
     def promote(args: list[str]) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from iox_airflow.compaction import promote_batch
+        from iox_planner.maintenance.compact.batches import promote_batch
 
         if not args:
             raise AirflowSkipException("some partition needs a rewrite: its batch makes the promotions on Spark")
@@ -66,7 +68,7 @@ with DAG(
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
     def report(batches: list[list[str]], promote_args: list[str]) -> dict[str, Any]:
-        from iox_airflow.compaction import sum_reports
+        from iox_planner.maintenance.compact.batches import sum_reports
 
         return sum_reports(batches, promote_args)
 

@@ -31,7 +31,7 @@ with DAG(
     @task
     def find_piles() -> list[dict[str, Any]]:
         from iox_planner.catalog.store import Catalog
-        from iox_planner.ingest.persist import piled_up_partitions, tables_to_persist
+        from iox_planner.maintenance.persist import piled_up_partitions, tables_to_persist
 
         settings = AirflowSettings.from_env()
         threshold = settings.persist_chunk_threshold
@@ -49,7 +49,7 @@ with DAG(
     def persist_table(target: dict[str, Any]) -> list[dict[str, Any]]:
         from airflow.sdk import get_current_context
 
-        from iox_planner.ingest import persist as ingest
+        from iox_planner.maintenance.persist import persist
         from iox_planner.catalog.store import Catalog
 
         context: Any = get_current_context()
@@ -57,7 +57,7 @@ with DAG(
 
         catalog = Catalog()
         try:
-            results = ingest.persist(catalog, target["db"], table=target["table"])
+            results = persist(catalog, target["db"], table=target["table"])
         finally:
             catalog.dispose()
         for r in results:

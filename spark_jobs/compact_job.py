@@ -1,6 +1,7 @@
 """Compaction's slices on Spark: one Spark job per call, one task per time slice (each bounded by the compaction
-memory budget, see `ingest/compact.py`), merged by the one Arrow IOx dedup in Spark's Python workers. The workers
-write each slice's output aside and return its metadata; the driver swaps them into the catalog."""
+memory budget, see `iox_planner/maintenance/compact/`), merged by the one Arrow IOx dedup in Spark's Python
+workers. The workers write each slice's output aside and return its metadata; the driver swaps them into the
+catalog."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from iox_planner.ingest.compact import SliceResult, SliceTask
+from iox_planner.maintenance.compact.slices import SliceResult, SliceTask
 from spark_jobs.errors import run_tasks
 
 
 def _run_one(payload: tuple[dict[str, Any], str]) -> dict[str, Any]:
     # Runs in a Python worker: plain dicts in and out (the dataclasses rebuilt here), tuples restored.
-    from iox_planner.ingest.compact import SliceTask, compact_slice
+    from iox_planner.maintenance.compact.slices import SliceTask, compact_slice
 
     raw, root = payload
     task = SliceTask(**{**raw, "inputs": tuple(tuple(i) for i in raw["inputs"]),
@@ -23,7 +24,7 @@ def _run_one(payload: tuple[dict[str, Any], str]) -> dict[str, Any]:
 
 
 def spark_slice_runner(spark: Any) -> Any:
-    """A `compact.SliceRunner` running every slice of a call as a task of one Spark job."""
+    """A `slices.SliceRunner` running every slice of a call as a task of one Spark job."""
 
     def run(tasks: Sequence[SliceTask], root: Path) -> list[SliceResult]:
         done = run_tasks(spark, [(asdict(t), str(root)) for t in tasks], _run_one,

@@ -4,8 +4,9 @@ under `IOX_RUNNER=spark-submit`.
     spark-submit run_compact.py --metrics REPORT.json --target DB=PARTITION_ID,PARTITION_ID ... [--target ...]
     spark-submit run_compact.py --metrics REPORT.json --db DB [--table TABLE] [--partition YYYY-MM-DD]
 
-Compacts the listed partitions of each database (or whatever of one database, table or partition needs it) (`ingest/compact.py`: each partition's compaction lock, one Spark
-job for all slices of a database, one catalog transaction per partition) and writes the run's report (partitions,
+Compacts the listed partitions of each database (or whatever of one database, table or partition needs it) as
+`iox_planner/maintenance/compact/batches.py` `compact_batch` does (each partition's compaction lock, one Spark job
+for all slices of a database, one catalog transaction per partition) and writes the run's report (partitions,
 files and rows in and out, duplicates removed, each partition's outcome) as JSON at `--metrics`, written aside and
 renamed. Exit status 0 on success; on failure a one-paragraph `error: ...` on standard error and status 1 (75
 when the catalog's Postgres was unreachable or dropped the connection: retry), with every swap not yet done left
@@ -15,26 +16,9 @@ undone (the catalog as it was for those partitions).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
-from typing import IO, Any, Sequence
-
-
-def parse_target(text: str) -> tuple[str, list[int]]:
-    from iox_planner.catalog.names import check_db_name
-    from iox_planner.errors import BadInputError
-
-    db, sep, ids = text.partition("=")
-    check_db_name(db)
-    try:
-        pids = [int(p) for p in ids.split(",") if p.strip()]
-    except ValueError:
-        pids = []
-    if not sep or not pids or any(p < 1 for p in pids):
-        raise BadInputError(f"--target {text[:80]!r} is not DB=PARTITION_ID[,PARTITION_ID...]")
-    return db, pids
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from iox_planner.maintenance.compact.batches import compact_batch, parse_target
     from spark_jobs.compact_job import spark_slice_runner
     from spark_jobs.session import build_session
 
@@ -72,37 +57,6 @@ def run(args: argparse.Namespace) -> int:
 
     compact_batch(targets, Path(args.metrics), run_slices, table=args.table, partition=args.partition)
     return 0
-
-
-def compact_batch(targets: Sequence[tuple[str, list[int] | None]], metrics: Path, run_slices: Any, *,
-                  table: str | None = None, partition: str | None = None, rewrites: bool = True,
-                  log: IO[str] | None = None) -> dict[str, Any]:
-    """One batch: compact each target database's partitions (`ingest/compact.py` `compact`, with `run_slices` for
-    the rewrites; `rewrites=False`: promotions only) and write the batch's report to `metrics`, aside and renamed.
-    Progress lines go to `log` (default: standard error).
-    Shared by this job and `iox_compact`'s in-process batch of promotions (`dags/iox_airflow/compaction.py`)."""
-    from iox_planner.catalog.store import Catalog
-    from iox_planner.ingest.compact import Report, compact, report_dict
-
-    # A report left by an earlier try of this batch (a cleared task) must not stand for this one if it fails.
-    metrics.unlink(missing_ok=True)
-    out = log or sys.stderr
-    catalog = Catalog()
-    total = Report()
-    try:
-        catalog.require_schema()
-        for db, pids in targets:
-            report = compact(catalog, db, run_slices, only=pids, table=table, partition=partition,
-                             rewrites=rewrites,
-                             progress=lambda line, db=db: print(f"{db}: {line}", file=out, flush=True))
-            total.outcomes.extend(report.outcomes)
-    finally:
-        catalog.dispose()
-    data = report_dict(total)
-    tmp = metrics.with_name(f".{metrics.name}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, metrics)
-    return data
 
 
 if __name__ == "__main__":

@@ -9,11 +9,13 @@ import pytest
 import sqlalchemy as sa
 from helpers import live_chunks
 
+from iox_planner import storage
 from iox_planner.catalog import freshness
 from iox_planner.catalog.store import Catalog, CatalogSource, drop_database
-from iox_planner.ingest import persist, register
+from iox_planner.ingest import register
 from iox_planner.ingest import write as ingest
 from iox_planner.ingest.scenario import load_scenario, parse_scenario
+from iox_planner.maintenance import persist
 from iox_planner.planner import plan_query
 
 H = 3600 * 10**9
@@ -117,7 +119,7 @@ def test_the_watermark_is_exact_against_a_write_in_flight(catalog: Catalog, db: 
     committed before the plan is in the chunk list and at or below the watermark."""
     name = f"d_{db}".lower()
     ingest.write_line_protocol(catalog, db, lines(0, 2))  # committed before: seen
-    staged = ingest.Staged(warehouse)
+    staged = storage.Staged(warehouse)
     from iox_planner.ingest.lineprotocol import parse
 
     with catalog.engine.connect() as writer:

@@ -30,7 +30,7 @@ import pytest
 
 from iox_planner.catalog.store import Catalog, CatalogSource
 from iox_planner.errors import CatalogError, CatalogUnavailableError, IoxError
-from iox_planner.ingest.persist import persist
+from iox_planner.maintenance.persist import persist
 from iox_planner.ingest.write import write_line_protocol
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -158,7 +158,8 @@ def _compact_loop(soak: Soak) -> None:
     """Compaction of the one partition, over and over beside the persist loop: hot (L0 into L1) whenever persist
     left two files. A skip (another compactor, inputs changed meanwhile) is a normal outcome; an error is not."""
     from iox_planner.cli import runner
-    from iox_planner.ingest.compact import CompactSettings, compact
+    from iox_planner.maintenance.compact.run import compact
+    from iox_planner.maintenance.compact.settings import CompactSettings
     from spark_jobs.compact_job import spark_slice_runner
 
     run_slices = spark_slice_runner(runner.session())

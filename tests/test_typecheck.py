@@ -21,7 +21,9 @@ def test_core_imports_neither_spark_nor_airflow() -> None:
         "import sys\n"
         "import iox_planner.catalog.store, iox_planner.catalog.schema, iox_planner.catalog.migrations, iox_planner.ingest.write, iox_planner.ingest.scenario, iox_planner.planner, "
         "iox_planner.cli.main, iox_planner.cli.commands, iox_planner.output.formats, iox_planner.output.publish, iox_planner.ingest.dedup, iox_planner.cli.show, "
-        "iox_planner.ingest.register, iox_planner.ingest.persist, iox_planner.catalog.runs, iox_planner.sparkconf\n"
+        "iox_planner.ingest.register, iox_planner.catalog.runs, iox_planner.sparkconf, iox_planner.catalog.locks, "
+        "iox_planner.storage, iox_planner.ingest.bulk, iox_planner.maintenance.persist, iox_planner.maintenance.sweeps, "
+        "iox_planner.maintenance.compact.run, iox_planner.maintenance.compact.batches\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'airflow', 'py4j'))\n"
         "print(','.join(bad))\n"
     )
@@ -37,7 +39,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("iox_planner", "iox_planner.errors", "iox_planner.timeutil", "iox_planner.model",
               "iox_planner.config", "iox_planner.sparkconf", "iox_planner.slicing", "iox_planner.faults")),
     ("catalog", ("iox_planner.catalog",)),
+    ("storage", ("iox_planner.storage",)),
     ("ingest", ("iox_planner.ingest",)),
+    ("maintenance", ("iox_planner.maintenance",)),
     ("planner", ("iox_planner.planner",)),
     ("output", ("iox_planner.output",)),
     ("spark_jobs", ("spark_jobs",)),
@@ -122,11 +126,22 @@ def test_dependencies_point_down_the_layers() -> None:
     assert upward == []
 
 
+def test_no_library_or_dag_code_imports_a_spark_submit_script() -> None:
+    """`spark_jobs/run_*.py` are entry points: what a script and another caller share lives in the library. (Inside
+    `spark_jobs/`, `run_parts.py` still imports `run_plan.py`: the one job wrapper will take that.)"""
+    scripts = {m for m in _modules() if m.startswith("spark_jobs.run_")}
+    assert len(scripts) >= 4
+    assert [f"{m} imports {t}" for m, targets in _import_graph().items() if not m.startswith("spark_jobs.")
+            for t in sorted(targets & scripts)] == []
+
+
 def test_the_layering_check_sees_an_upward_import() -> None:
     """The check itself: the catalog importing the CLI would be reported."""
     assert _layer("iox_planner.cli.main") > _layer("iox_planner.catalog.store")
     assert _layer("iox_airflow.runs") > _layer("spark_jobs.execute") > _layer("iox_planner.planner.nodes")
     assert _layer("iox_planner.sparkconf") == 0
+    assert _layer("iox_planner.catalog.locks") < _layer("iox_planner.storage") < _layer("iox_planner.ingest.write")
+    assert _layer("iox_planner.ingest.bulk") < _layer("iox_planner.maintenance.sweeps") < _layer("iox_planner.planner")
 
 
 HEAVY = ("pyarrow", "numpy", "sqlalchemy", "pyspark", "sqlglot")

@@ -1,5 +1,6 @@
-"""`iox_bulk_load`'s checks and report: a triggered folder is hostile input, so it must resolve inside
-IOX_BULK_LOAD_ROOT before anything reads it."""
+"""`iox_bulk_load`'s run plumbing: a run's params checked into the load job's arguments (a triggered folder is
+hostile input, so it must resolve inside IOX_BULK_LOAD_ROOT before anything reads it: `ingest/bulk.py`
+`resolve_source`), and where the job leaves its report for the summary."""
 
 from __future__ import annotations
 
@@ -11,35 +12,10 @@ from typing import Any, Mapping
 
 from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
+from iox_planner.ingest.bulk import resolve_source
 from iox_planner.ingest.lineprotocol import Precision
 
 from iox_airflow.settings import AirflowSettings
-
-
-def resolve_folder(text: str, settings: AirflowSettings) -> Path:
-    """The `folder` param as a real path strictly inside `settings.bulk_load_root`: relative paths resolve under
-    it; `..` is refused outright (even when it would land inside), a NUL too; symlinks are resolved and the result
-    must still lie inside the root (a link out of it is refused), and it must exist as a folder or file."""
-    root = settings.bulk_load_root
-    if not isinstance(text, str) or not text.strip():
-        raise BadInputError("folder is empty: give a folder under IOX_BULK_LOAD_ROOT")
-    if "\0" in text:
-        raise BadInputError("folder holds a NUL character; give a plain path under IOX_BULK_LOAD_ROOT")
-    given = Path(text)
-    if ".." in given.parts:
-        raise BadInputError(f"folder {text[:200]!r} uses '..': give a path under IOX_BULK_LOAD_ROOT ({root}) "
-                            "without it")
-    candidate = given if given.is_absolute() else root / given
-    try:
-        real = candidate.resolve(strict=True)
-    except (FileNotFoundError, RuntimeError):
-        raise BadInputError(f"folder {text[:200]!r} does not exist under IOX_BULK_LOAD_ROOT ({root})") from None
-    if real == root or not real.is_relative_to(root):
-        raise BadInputError(f"folder {text[:200]!r} resolves to {real}, which is not inside IOX_BULK_LOAD_ROOT "
-                            f"({root}): triggered bulk loads read only below that folder")
-    if not (real.is_dir() or real.is_file()):
-        raise BadInputError(f"folder {text[:200]!r} is neither a folder nor a regular file")
-    return real
 
 
 def load_args(params: Mapping[str, Any], settings: AirflowSettings, run_id: str) -> list[str]:
@@ -52,7 +28,7 @@ def load_args(params: Mapping[str, Any], settings: AirflowSettings, run_id: str)
     precision = params.get("precision", Precision.NS.value)
     if precision not in Precision.choices():
         raise BadInputError(f"precision must be one of {', '.join(Precision.choices())}")
-    folder = resolve_folder(params.get("folder"), settings)  # type: ignore[arg-type]
+    folder = resolve_source(params.get("folder"), settings.bulk_load_root)  # type: ignore[arg-type]
     # The job checks the folder against the root again when it opens it: this check ran in an earlier task, and
     # the folder (or a folder on its path) may have become a link since.
     return ["--db", db, "--precision", precision, "--report", str(report_path(run_id)),

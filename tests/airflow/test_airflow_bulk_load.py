@@ -13,10 +13,10 @@ import sqlalchemy as sa
 from af_support import DagRunner
 from helpers import catalog_counts
 
-from iox_airflow.bulk_load import resolve_folder
 from iox_airflow.settings import AirflowSettings
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError
+from iox_planner.ingest.bulk import resolve_source
 
 pytestmark = pytest.mark.airflow
 
@@ -35,14 +35,14 @@ def test_the_folder_must_resolve_inside_the_root(tmp_path: Path) -> None:
     (root / "out").symlink_to(outside)
     (root / "jan" / "a.lp").write_text("m f=1 1\n")
     settings = _settings(root)
-    assert resolve_folder("jan", settings) == (root / "jan").resolve()
-    assert resolve_folder(str(root / "jan" / "a.lp"), settings) == (root / "jan" / "a.lp").resolve()
+    assert resolve_source("jan", settings.bulk_load_root) == (root / "jan").resolve()
+    assert resolve_source(str(root / "jan" / "a.lp"), settings.bulk_load_root) == (root / "jan" / "a.lp").resolve()
     for hostile, needle in (("../outside", "'..'"), ("jan/../../outside", "'..'"), (str(outside), "not inside"),
                             ("out", "not inside"), ("out/secret.lp", "not inside"), ("/etc", "not inside"),
                             (str(root), "not inside"), (".", "not inside"), ("missing", "does not exist"),
                             ("jan\0x", "NUL"), ("", "empty")):
         with pytest.raises(BadInputError, match=needle):
-            resolve_folder(hostile, settings)
+            resolve_source(hostile, settings.bulk_load_root)
     with pytest.raises(BadInputError, match="filesystem root"):
         _settings(Path("/"))
 

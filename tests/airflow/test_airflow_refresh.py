@@ -22,7 +22,7 @@ from af_support import DagRunner, leftovers, locks
 
 from iox_planner.catalog.store import Catalog
 from iox_planner.cli.main import main
-from iox_planner.ingest import persist
+from iox_planner.maintenance import persist
 from iox_planner.ingest import write as ingest
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]

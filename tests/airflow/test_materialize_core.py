@@ -16,7 +16,8 @@ from helpers import catalog_counts, live_chunks, warehouse_files
 
 from iox_planner.ingest import write as ingest
 from iox_planner.catalog import runs
-from iox_planner.ingest import persist, register
+from iox_planner.ingest import register
+from iox_planner.maintenance import persist
 from iox_planner.catalog.store import Catalog, CatalogSource
 from iox_planner.errors import BadInputError, CatalogError
 from iox_planner.planner import plan_query

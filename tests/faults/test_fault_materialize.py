@@ -22,7 +22,7 @@ import pytest
 from fault_support import (RESTARTS, report, DAY0, FULL, KEYS, POINTS, FaultWorld, Outcome, Restarter, Tally,
                            assert_clean_failure, batch, catalog_problems, failed_retryably, hidden_siblings,
                            naive_answer, replay, rng_for, unreferenced_files)
-from iox_planner.ingest.persist import persist
+from iox_planner.maintenance.persist import persist
 from iox_planner.ingest.write import write_line_protocol
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]

@@ -16,7 +16,7 @@ import pytest
 from fault_support import (RESTARTS, report, KEYS, QUERY, FaultWorld, Restarter, Tally, batch, catalog_problems,
                            failed_retryably, hidden_siblings, naive_answer, read_output, replay, rng_for,
                            rows_of_write, run_and_kill, unreferenced_files)
-from iox_planner.ingest.persist import persist
+from iox_planner.maintenance.persist import persist
 from iox_planner.ingest.write import write_line_protocol
 
 pytestmark = pytest.mark.slow

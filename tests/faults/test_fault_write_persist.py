@@ -12,7 +12,7 @@ import pytest
 
 from fault_support import (report, KEYS, POINTS, FaultWorld, Tally, assert_clean_failure, batch, catalog_problems, chunk_rows,
                       naive_answer, replay, rng_for, rows_of_write, run_and_kill, unreferenced_files)
-from iox_planner.ingest.persist import persist
+from iox_planner.maintenance.persist import persist
 from iox_planner.ingest.write import write_line_protocol
 
 pytestmark = pytest.mark.slow

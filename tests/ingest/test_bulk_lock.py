@@ -10,10 +10,12 @@ import pytest
 import sqlalchemy as sa
 
 from helpers import catalog_counts
+from iox_planner import storage
+from iox_planner.catalog import locks
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import CatalogUnavailableError
 from iox_planner.ingest import bulk
-from iox_planner.ingest.persist import sweep_unreferenced
+from iox_planner.maintenance.sweeps import sweep_unreferenced
 
 T0 = 1_704_153_590_000_000_000  # ten seconds before a midnight: two partitions
 
@@ -24,11 +26,11 @@ def _files(root: Path) -> set[str]:
 
 def _terminate_lock_holder(catalog: Catalog, load_id: str) -> None:
     """End the session holding load `load_id`'s lock (`pg_terminate_backend`), as a dropped connection would."""
+    key = locks.bulk_load_key(load_id)
     with catalog.engine.connect() as conn:
         holder = conn.execute(sa.text(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid::bigint = :c "
-            "AND objid::bigint = :o AND objsubid = 2").bindparams(
-                c=bulk.BULK_LOCK, o=bulk._lock_key(load_id) & 0xFFFF_FFFF)).scalar_one()
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid::bigint = :hi "
+            "AND objid::bigint = :lo AND objsubid = 1").bindparams(hi=key >> 32, lo=key & 0xFFFF_FFFF)).scalar_one()
         assert conn.execute(sa.text("SELECT pg_terminate_backend(:p, 10000)").bindparams(p=holder)).scalar()
 
 
@@ -49,7 +51,7 @@ def test_a_lost_lock_session_fails_the_load_and_registers_nothing(catalog: Catal
         _terminate_lock_holder(catalog, Path(params.staging).name)
         if sweep:
             removed = sweep_unreferenced(catalog, warehouse, 0, -1)
-            assert f"{bulk.STAGING}/{Path(params.staging).name}" in removed
+            assert f"{storage.BULK_STAGING}/{Path(params.staging).name}" in removed
             assert not Path(params.staging).exists()
         return results
 

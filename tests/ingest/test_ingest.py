@@ -1,4 +1,4 @@
-"""Writes and persists against the real Postgres catalog and a real warehouse folder."""
+"""Writes and scenario loads against the real Postgres catalog and a real warehouse folder."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from iox_planner.catalog.store import Catalog
-from iox_planner.errors import BadInputError, CatalogError
-from iox_planner.ingest.persist import collect_garbage, persist
+from iox_planner.errors import BadInputError
 from iox_planner.ingest.write import write_line_protocol
 from iox_planner.ingest.scenario import load_scenario, parse_scenario
 
@@ -20,12 +19,6 @@ T0 = 1_704_067_200_000_000_000  # 2024-01-01T00:00:00Z
 
 def write(catalog: Catalog, db: str, text: str, **kw: object) -> object:
     return write_line_protocol(catalog, db, text, **kw)  # type: ignore[arg-type]
-
-
-def persisted_rows(catalog: Catalog, db: str, warehouse: Path, table: str) -> list[dict[str, object]]:
-    files = [c for c in live_chunks(catalog, db) if c["kind"] == "parquet" and c["table_name"] == table]
-    assert len(files) == 1, files
-    return read_rows(warehouse / files[0]["path"])
 
 
 # --- write --------------------------------------------------------------------------------------------------
@@ -107,105 +100,6 @@ def test_bad_lines_reject_the_whole_write_listing_every_error(catalog: Catalog, 
     assert "2 bad lines" in message and "line 2" in message and "line 4" in message
     assert warehouse_files(warehouse) == before_files
     assert catalog_counts(catalog) == before_rows
-
-
-# --- persist ------------------------------------------------------------------------------------------------
-
-
-def test_persist_merges_columns_last_non_null_wins(catalog: Catalog, db: str, warehouse: Path) -> None:
-    write(catalog, db, f"m,host=A f1=2 {T0}")
-    write(catalog, db, f"m,host=A f2=3 {T0}")
-    write(catalog, db, f"m,host=A f1=5 {T0}\nm,host=A f1=6 {T0}")  # within one chunk, the later write wins
-    (result,) = persist(catalog, db)
-    assert (result.chunks_in, result.rows_in, result.rows_out) == (3, 4, 1)
-    assert persisted_rows(catalog, db, warehouse, "m") == [{"host": "A", "f1": 6.0, "f2": 3.0, "time": T0}]
-
-
-def test_persist_null_tag_equals_null_tag_and_1ns_apart_stays(catalog: Catalog, db: str, warehouse: Path) -> None:
-    write(catalog, db, "\n".join([
-        f"m,host=a v=1 {T0}",
-        f"m v=2 {T0}",
-        f"m,region=x v=4 {T0}",
-        f"m v=3 {T0}",
-        f"m,host=a v=5 {T0 + 1}",
-    ]))
-    write(catalog, db, f"m,host=a w=true {T0}")
-    persist(catalog, db)
-    rows = persisted_rows(catalog, db, warehouse, "m")
-    # Sort key: host has 1 distinct value, region 1: ties by name -> host, region, time; NULLs first.
-    assert rows == [
-        {"host": None, "region": None, "v": 3.0, "w": None, "time": T0},
-        {"host": None, "region": "x", "v": 4.0, "w": None, "time": T0},
-        {"host": "a", "region": None, "v": 1.0, "w": True, "time": T0},
-        {"host": "a", "region": None, "v": 5.0, "w": None, "time": T0 + 1},
-    ]
-
-
-def test_persist_sorts_on_partition_sort_key_and_fixes_it(catalog: Catalog, db: str, warehouse: Path) -> None:
-    write(catalog, db, "\n".join([
-        f"m,city=SF,state=CA v=1 {T0 + 3}",
-        f"m,city=LA,state=CA v=2 {T0 + 1}",
-        f"m,city=Boston,state=MA v=3 {T0 + 2}",
-    ]))
-    persist(catalog, db)
-    (file,) = [c for c in live_chunks(catalog, db) if c["kind"] == "parquet"]
-    assert file["sort_key"] == ["state", "city", "time"]  # state: 2 distinct values, city: 3
-    assert [(r["state"], r["city"]) for r in read_rows(warehouse / file["path"])] == [
-        ("CA", "LA"), ("CA", "SF"), ("MA", "Boston")]
-    # A tag that appears later goes just before time; the fixed part stays even if counts change.
-    write(catalog, db, "\n".join(f"m,city=C{i},state=S{i},zone=z v=1 {T0 + 10 + i}" for i in range(5)))
-    persist(catalog, db)
-    files = [c for c in live_chunks(catalog, db) if c["kind"] == "parquet"]
-    assert files[-1]["sort_key"] == ["state", "city", "zone", "time"]
-
-
-def test_persist_swaps_atomically_and_keeps_a_racing_write(catalog: Catalog, db: str, warehouse: Path) -> None:
-    write(catalog, db, f"m,t=a v=1 {T0}")
-    write(catalog, db, f"m,t=b v=2 {T0}")
-
-    def racing_write() -> None:
-        # Lands after persist read its chunk list, before it commits: in its own transaction and connection.
-        write(catalog, db, f"m,t=c v=3 {T0}")
-
-    (result,) = persist(catalog, db, after_read=racing_write)
-    assert result.chunks_in == 2
-    live = live_chunks(catalog, db)
-    assert [(c["kind"], c["row_count"]) for c in live] == [("parquet", 2), ("ingester", 1)]
-    assert read_rows(warehouse / live[1]["path"], drop=("__seq",)) == [{"t": "c", "v": 3.0, "time": T0}]
-    # The persisted file is older than the racing write: it takes the highest order of what it merged.
-    assert live[0]["chunk_order"] < live[1]["chunk_order"]
-
-
-def test_retired_chunks_are_deleted_only_after_the_grace_period(catalog: Catalog, db: str, warehouse: Path) -> None:
-    write(catalog, db, f"m,t=a v=1 {T0}")
-    (chunk,) = live_chunks(catalog, db)
-    persist(catalog, db)
-    assert (warehouse / chunk["path"]).exists(), "retired file must survive the grace period"
-    collect_garbage(catalog, warehouse, grace_seconds=0.0)
-    assert not (warehouse / chunk["path"]).exists()
-    (file,) = live_chunks(catalog, db)
-    assert (warehouse / file["path"]).exists()
-
-
-def test_persist_refuses_an_ingester_chunk_older_than_a_file(catalog: Catalog, db: str, warehouse: Path) -> None:
-    scenario = parse_scenario({"chunks": [
-        {"id": "I1", "kind": "ingester", "order": 1, "lines": f"m,t=a v=1 {T0}"},
-        {"id": "F2", "kind": "parquet", "order": 2, "lines": f"m,t=a v=2 {T0}"},
-    ]})
-    load_scenario(catalog, scenario, db)
-    before_files, before_rows = warehouse_files(warehouse), catalog_counts(catalog)
-    with pytest.raises(CatalogError, match="I1.*older than Parquet file F2"):
-        persist(catalog, db)
-    assert warehouse_files(warehouse) == before_files
-    assert catalog_counts(catalog) == before_rows
-
-
-def test_persist_unknown_database_and_table(catalog: Catalog, db: str) -> None:
-    with pytest.raises(CatalogError, match="does not exist"):
-        persist(catalog, db)
-    write(catalog, db, f"m,t=a v=1 {T0}")
-    with pytest.raises(CatalogError, match="table 'nope' does not exist.*tables: m"):
-        persist(catalog, db, table="nope")
 
 
 # --- load ---------------------------------------------------------------------------------------------------
@@ -298,32 +192,6 @@ def test_load_refuses_duplicate_orders(catalog: Catalog, db: str) -> None:
         load_scenario(catalog, scenario, db)
 
 
-def test_the_unreferenced_file_sweep_waits_for_a_write_in_flight(catalog: Catalog, db: str,
-                                                                  warehouse: Path) -> None:
-    """A streamed write may hold uncommitted chunk files for longer than the grace period: while any write into
-    the database is in flight (it holds the database's order row), the sweep leaves every file alone."""
-    import os
-    import uuid
-
-    from iox_planner.ingest.persist import sweep_unreferenced
-
-    write_line_protocol(catalog, db, "m v=1 1")
-    [chunk] = live_chunks(catalog, db)
-    folder = (warehouse / chunk["path"]).parent
-    stray = folder / f"{uuid.uuid4()}.parquet"  # as an in-flight write's chunk file looks: no row names it yet
-    stray.write_bytes(b"PAR1")
-    os.utime(stray, (1, 1))  # far older than any grace period
-    with catalog.engine.connect() as conn:
-        db_id = catalog.database_id(conn, db)
-    with catalog.engine.begin() as in_flight:
-        catalog.lock_orders(in_flight, db_id)
-        assert sweep_unreferenced(catalog, warehouse, db_id, grace_seconds=0) == []
-        assert stray.exists()
-    rel = stray.relative_to(warehouse).as_posix()
-    assert sweep_unreferenced(catalog, warehouse, db_id, grace_seconds=0) == [rel]
-    assert not stray.exists() and (warehouse / chunk["path"]).exists()
-
-
 def test_tag_ranges_of_dictionary_tags_count_only_the_values_rows_use() -> None:
     import pyarrow as pa
 
@@ -338,19 +206,3 @@ def test_tag_ranges_of_dictionary_tags_count_only_the_values_rows_use() -> None:
     assert tag_ranges(table, columns) == {"host": ("c", "q")}
     assert tag_ranges(table.cast(pa.schema([("host", pa.string()), ("empty", pa.string())])), columns) == {
         "host": ("c", "q")}
-
-
-def test_a_file_written_without_arrow_schema_reads_back_plain_with_its_metadata(tmp_path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from iox_planner.ingest.files import write_parquet_atomic
-
-    plain = pa.table({"host": pa.array(["b", None, "a"]), "n": pa.array([1, 2, 3], pa.uint64()),
-                      "time": pa.array([1, 2, 3], pa.int64())})
-    encoded = plain.set_column(0, "host", plain["host"].dictionary_encode())
-    path = tmp_path / "x.parquet"
-    write_parquet_atomic(encoded, path, metadata={"iox.kind": "parquet"}, store_schema=False)
-    back = pq.read_table(path)
-    assert back.equals(plain.replace_schema_metadata({"iox.kind": "parquet"}))
-    assert pq.read_metadata(path).metadata == {b"iox.kind": b"parquet"}

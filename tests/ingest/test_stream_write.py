@@ -15,7 +15,7 @@ from iox_planner.errors import BadInputError
 from iox_planner.ingest.blocks import line_blocks
 from iox_planner.ingest import bulk
 from iox_planner.ingest.lineprotocol import BOM, decode_utf8
-from iox_planner.ingest.persist import persist
+from iox_planner.maintenance.persist import persist
 from iox_planner.ingest.write import write_line_blocks, write_line_protocol
 
 from helpers import catalog_counts, live_chunks, read_rows, warehouse_files

@@ -170,6 +170,7 @@ def test_writes_into_one_database_commit_in_the_order_of_their_orders(catalog: C
     write holds its database's order lock until it commits; a write into another database does not wait."""
     import threading
 
+    from iox_planner import storage
     from iox_planner.ingest import write as ingest
     from iox_planner.ingest.lineprotocol import parse
 
@@ -182,7 +183,7 @@ def test_writes_into_one_database_commit_in_the_order_of_their_orders(catalog: C
         ingest.write_line_protocol(catalog, name, f"m v=2 {T0 + 2}")
         done[key] = time.monotonic()
 
-    staged = ingest.Staged(warehouse)
+    staged = storage.Staged(warehouse)
     with catalog.engine.begin() as conn:
         first = ingest.write_points(catalog, db, parse(f"m v=1 {T0 + 1}", default_time=T0).points, conn=conn, staged=staged,
                                     warehouse=warehouse)

@@ -13,7 +13,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,11 @@ import pytest
 import sqlalchemy as sa
 
 from helpers import catalog_counts
+from iox_planner import storage
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError
 from iox_planner.ingest import bulk
-from iox_planner.ingest.persist import sweep_unreferenced
+from iox_planner.maintenance.sweeps import sweep_unreferenced
 from spark_helpers import cli, run_jsonl
 
 pytestmark = pytest.mark.spark
@@ -155,7 +155,7 @@ def test_bulk_load_answers_as_plain_writes_and_the_tally(spark: Any, catalog: Ca
     assert len(expected["cpu"]) > 50 and len(expected["mem"]) > 50
     assert _rows(spark, catalog, db) == expected
     assert _rows(spark, catalog, plain_db) == expected
-    assert not (Path(os.environ["IOX_WAREHOUSE"]) / bulk.STAGING).exists(), "the staging folder stayed"
+    assert not (Path(os.environ["IOX_WAREHOUSE"]) / storage.BULK_STAGING).exists(), "the staging folder stayed"
 
 
 def _plain_error(*files: Path, db: str) -> str:
@@ -278,30 +278,6 @@ def test_ranges_end_at_line_boundaries(tmp_path: Path) -> None:
         assert left.end == right.start and data[left.end - 1:left.end] == b"\n"
 
 
-def test_a_live_load_is_never_swept_and_a_dead_one_is(catalog: Catalog, tmp_path: Path) -> None:
-    load_id = "ab" * 16
-    folder = tmp_path / bulk.STAGING / load_id
-    folder.mkdir(parents=True)
-    (folder / "000000-000000-0000.parquet").write_bytes(b"x")
-    moved = tmp_path / "1" / "2" / "3" / "0f0f0f0f-0000-0000-0000-000000000000.parquet"
-    moved.parent.mkdir(parents=True)
-    moved.write_bytes(b"x")
-    outside = tmp_path / "keep.txt"
-    outside.write_text("keep")
-    (folder / "manifest.json").write_text(
-        f'["1/2/3/{moved.name}", "../keep.txt", "/etc/passwd"]')
-    past = time.time() - 3600
-    os.utime(folder / "000000-000000-0000.parquet", (past, past))
-    os.utime(folder / "manifest.json", (past, past))
-    os.utime(folder, (past, past))
-    assert bulk.sweep_bulk_loads(catalog, tmp_path, 7200) == []  # within the grace period
-    with bulk._load_lock(catalog, load_id):  # a driver still running
-        assert bulk.sweep_bulk_loads(catalog, tmp_path, 60) == []
-    assert folder.exists() and moved.exists()
-    assert bulk.sweep_bulk_loads(catalog, tmp_path, 60) == [load_id]
-    assert not folder.exists() and not moved.exists() and outside.exists()
-
-
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_a_killed_load_leaves_the_catalog_and_is_swept(catalog: Catalog, db: str, tmp_path: Path,
                                                       point: str) -> None:
@@ -319,15 +295,15 @@ def test_a_killed_load_leaves_the_catalog_and_is_swept(catalog: Catalog, db: str
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert catalog_counts(catalog) == before[1], "a killed load registered something"
     left = _files(root) - before[0]
-    assert any(p.startswith(f"{bulk.STAGING}/") for p in left), f"nothing was staged before {point}: {left}"
+    assert any(p.startswith(f"{storage.BULK_STAGING}/") for p in left), f"nothing was staged before {point}: {left}"
     if point == "bulk.before_commit":
-        assert any(not p.startswith(f"{bulk.STAGING}/") for p in left), "no file had moved into place"
+        assert any(not p.startswith(f"{storage.BULK_STAGING}/") for p in left), "no file had moved into place"
     with catalog.engine.connect() as conn:
         some_db = conn.execute(sa.text("SELECT min(id) FROM iox_database")).scalar()
-    assert not any(bulk.STAGING in p for p in sweep_unreferenced(catalog, root, some_db or 1, 3600)), \
+    assert not any(storage.BULK_STAGING in p for p in sweep_unreferenced(catalog, root, some_db or 1, 3600)), \
         "swept within the grace period"
     swept = sweep_unreferenced(catalog, root, some_db or 1, 0)
-    assert any(p.startswith(f"{bulk.STAGING}/") for p in swept)
+    assert any(p.startswith(f"{storage.BULK_STAGING}/") for p in swept)
     assert _files(root) == before[0], "the sweep left the killed load's files"
 
 

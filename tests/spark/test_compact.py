@@ -27,8 +27,11 @@ import sqlalchemy as sa
 import fuzz_sql as fz
 from helpers import live_chunks, tree_digest
 from iox_planner.catalog.store import Catalog
-from iox_planner.ingest.compact import CompactSettings, PartitionPlan, compact, dry_run, describe_plan
-from iox_planner.ingest.persist import persist
+from iox_planner.maintenance.compact.plan import PartitionPlan, dry_run
+from iox_planner.maintenance.compact.report import describe_plan
+from iox_planner.maintenance.compact.run import compact
+from iox_planner.maintenance.compact.settings import CompactSettings
+from iox_planner.maintenance.persist import persist
 from iox_planner.ingest.write import write_line_protocol
 from iox_planner.planner import render
 from spark_helpers import cli, load, plan, run_jsonl
@@ -507,8 +510,8 @@ def test_a_lost_lock_session_makes_the_swap_skip_not_name_swept_files(spark: Any
     `pg_terminate_backend`): Postgres drops the lock, and a persist's sweep takes it and deletes the staged outputs
     as strays. The swap must then register nothing: rows naming the swept files would be live rows naming missing
     files, and the inputs they retire would go after the grace period (lost data)."""
-    from iox_planner.catalog.store import COMPACTION_LOCK
-    from iox_planner.ingest.persist import sweep_compaction_strays
+    from iox_planner.catalog import locks
+    from iox_planner.maintenance.sweeps import sweep_compaction_strays
 
     load(catalog, db, [{"id": "F1", "kind": "parquet", "lines": f"m,t=a f=1 {T0}\nm,t=b f=2 {T0 + S}"},
                        {"id": "F2", "kind": "parquet", "lines": f"m,t=a f=3 {T0}"}])
@@ -516,7 +519,7 @@ def test_a_lost_lock_session_makes_the_swap_skip_not_name_swept_files(spark: Any
     labels = _live_labels(catalog, db)
     (partition_id,) = {c["partition_id"] for c in live_chunks(catalog, db)}
     (folder,) = {(warehouse / c["path"]).parent for c in live_chunks(catalog, db)}
-    key = COMPACTION_LOCK + partition_id
+    key = locks.compaction_key(partition_id)
     swept: list[int] = []
 
     def lose_the_lock_then_sweep() -> None:

@@ -19,7 +19,8 @@ import sqlalchemy as sa
 
 from helpers import free_port, live_chunks
 from iox_planner.catalog.store import Catalog
-from iox_planner.ingest.compact import CompactSettings, compact
+from iox_planner.maintenance.compact.run import compact
+from iox_planner.maintenance.compact.settings import CompactSettings
 from spark_helpers import load, run_jsonl
 from spark_jobs.compact_job import spark_slice_runner
 
@@ -33,7 +34,8 @@ SCRIPT = """
 import os, signal, sys
 from iox_planner.catalog.store import Catalog
 from iox_planner.cli.runner import session
-from iox_planner.ingest.compact import CompactSettings, compact
+from iox_planner.maintenance.compact.run import compact
+from iox_planner.maintenance.compact.settings import CompactSettings
 from spark_jobs.compact_job import spark_slice_runner
 
 def die():

@@ -21,7 +21,7 @@ from helpers import live_chunks
 from iox_planner.catalog.store import Catalog
 from iox_planner.cli.main import main
 from iox_planner.config import project_root
-from iox_planner.ingest import persist
+from iox_planner.maintenance import persist
 from iox_planner.ingest import write as ingest
 
 pytestmark = [pytest.mark.spark]

@@ -13,7 +13,6 @@ from iox_planner.config import project_root
 from iox_planner.errors import CatalogError
 
 MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-MIGRATION_LOCK = 0x10C5_BA7C  # advisory lock id: one migrator at a time
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ def _chunk_table(name: str, *, parquet: bool) -> sa.Table:
     ]
     if parquet:
         cols.append(sa.Column("sort_key", pg.ARRAY(sa.Text), nullable=False))
-        # Migration 0005: 0 persisted (or loaded), 1 hot-compacted, 2 cold-compacted (see ingest/compact.py).
+        # Migration 0005: 0 persisted (or loaded), 1 hot-compacted, 2 cold-compacted (see maintenance/compact/).
         cols.append(sa.Column("compaction_level", sa.SmallInteger, nullable=False, server_default="0"))
     return sa.Table(name, metadata, *cols)
 

@@ -13,7 +13,8 @@ from sqlalchemy.engine import Connection, Engine
 from iox_planner.catalog.freshness import TableRead, committed_order, record_drop
 from iox_planner.catalog.localpg import catalog_url
 from iox_planner.catalog.names import check_db_name
-from iox_planner.catalog.migrations import MIGRATION_LOCK, Migration, migration_files
+from iox_planner.catalog import locks
+from iox_planner.catalog.migrations import Migration, migration_files
 from iox_planner.catalog.schema import (
     CHUNK_TABLES,
     columns,
@@ -44,12 +45,6 @@ def catalog_unavailable(error: BaseException) -> CatalogUnavailableError | None:
                 "back (writing the same lines again is safe: a point written twice deduplicates to one)")
         seen = seen.__cause__ or seen.__context__
     return None
-
-
-COMPACTION_LOCK = 0x1C0_0000_0000_0000
-"""Advisory lock key base of compaction: partition `p` is locked as `COMPACTION_LOCK + p` (ids stay far below
-2^56, so no key reaches the migration lock's or wraps)."""
-
 
 
 class ChunkRow(NamedTuple):
@@ -97,7 +92,7 @@ class Catalog:
         applied: list[Migration] = []
         try:
             with self.engine.begin() as conn:
-                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK)))
+                locks.lock_migrations(conn)
                 migrations_table.create(conn, checkfirst=True)
                 done = {r.version: r for r in conn.execute(sa.select(migrations_table))}
                 files = migration_files()
@@ -209,46 +204,7 @@ class Catalog:
         return int(conn.execute(sa.select(partitions.c.id).where(
             partitions.c.table_id == table_id, partitions.c.partition_key == key)).scalar_one())
 
-    def lock_partition(self, conn: Connection, partition_id: int) -> tuple[str, ...] | None:
-        """Lock a partition row against other persists (writes, which only take KEY SHARE, go on) and return
-        its sort key."""
-        # key_share=True renders FOR NO KEY UPDATE: it conflicts with another persist's lock, not with the KEY SHARE
-        # lock a concurrent write's foreign key check takes.
-        row = conn.execute(sa.select(partitions.c.sort_key).where(partitions.c.id == partition_id)
-                           .with_for_update(key_share=True)).one()
-        return tuple(row.sort_key) if row.sort_key is not None else None
-
-    # --- compaction locks and work ----------------------------------------------------------------------------
-
-    def try_lock_compaction(self, conn: Connection, partition_id: int) -> bool:
-        """Take the partition's compaction lock for the session of `conn`, or return False at once if another
-        session holds it. A session lock (not a transaction's): it spans planning, the Spark job and the swap, and
-        Postgres drops it when the holder's connection dies (a killed compaction never leaves it held)."""
-        return bool(conn.execute(sa.select(sa.func.pg_try_advisory_lock(COMPACTION_LOCK + partition_id))).scalar())
-
-    def unlock_compaction(self, conn: Connection, partition_id: int) -> None:
-        conn.execute(sa.select(sa.func.pg_advisory_unlock(COMPACTION_LOCK + partition_id)))
-
-    def backend_pid(self, conn: Connection) -> int:
-        """The Postgres backend (session) serving `conn`: a connection that dropped and reconnected has another."""
-        return int(conn.execute(sa.select(sa.func.pg_backend_pid())).scalar_one())
-
-    def holds_compaction_lock(self, conn: Connection, partition_id: int) -> bool:
-        """Whether the session of `conn` holds the partition's compaction lock now."""
-        return self.holds_advisory_lock(conn, COMPACTION_LOCK + partition_id)
-
-    def holds_advisory_lock(self, conn: Connection, key: int | tuple[int, int]) -> bool:
-        """Whether the session of `conn` holds the session advisory lock `key` now: one bigint key, or a pair of
-        int4 keys. Postgres shows a bigint key as its high half in `classid`, its low half in `objid`, with
-        `objsubid` 1; a pair as the two ints' bits (as oids) in `classid` and `objid`, with `objsubid` 2."""
-        if isinstance(key, tuple):
-            hi, lo, sub = key[0] & 0xFFFF_FFFF, key[1] & 0xFFFF_FFFF, 2
-        else:
-            hi, lo, sub = key >> 32, key & 0xFFFF_FFFF, 1
-        return conn.execute(sa.text(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
-            "AND pid = pg_backend_pid() AND classid::bigint = :hi AND objid::bigint = :lo AND objsubid = :sub)"
-        ).bindparams(hi=hi, lo=lo, sub=sub)).scalar_one() is True
+    # --- compaction's work ------------------------------------------------------------------------------------
 
     def compaction_candidates(self, conn: Connection, db_id: int, *, table: str | None = None,
                               partition: str | None = None) -> list[int]:
@@ -285,13 +241,6 @@ class Catalog:
             return float("inf")
         return float(conn.execute(sa.select(sa.func.extract("epoch", sa.func.now() - newest))).scalar_one())
 
-    def partition_paths(self, conn: Connection, partition_id: int) -> set[str]:
-        """Every path the catalog names in a partition, live or retired."""
-        found: set[str] = set()
-        for ct in CHUNK_TABLES.values():
-            found.update(conn.execute(sa.select(ct.c.path).where(ct.c.partition_id == partition_id)).scalars())
-        return found
-
     def set_sort_key(self, conn: Connection, partition_id: int, sort_key: Sequence[str]) -> None:
         conn.execute(partitions.update().where(partitions.c.id == partition_id).values(sort_key=list(sort_key)))
 
@@ -316,13 +265,6 @@ class Catalog:
                 "persist and compact do not free orders: reload the data into a new database"
             )
         return list(range(int(last) - count + 1, int(last) + 1))
-
-    def lock_orders(self, conn: Connection, db_id: int) -> None:
-        """Take the database's order lock now, before a write inserts tables, columns or partitions: a write that
-        took it only when it reached `next_orders` could wait for another write's uncommitted row while holding
-        it (a deadlock). Writes into one database serialize from here to their commit."""
-        conn.execute(sa.select(database_orders.c.last_order)
-                     .where(database_orders.c.database_id == db_id).with_for_update())
 
     def advance_orders(self, conn: Connection, db_id: int, at_least: int) -> None:
         """Move one database's order counter so that its next order is above `at_least` (scenario loads)."""

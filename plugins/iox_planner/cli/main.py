@@ -77,7 +77,7 @@ def _print_write(result: Any, db: str) -> None:
 
 
 def cmd_persist(args: argparse.Namespace) -> int:
-    from iox_planner.ingest.persist import persist
+    from iox_planner.maintenance.persist import persist
 
     catalog = _catalog()
     results = persist(catalog, args.db, table=args.table)
@@ -90,7 +90,9 @@ def cmd_persist(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from iox_planner.ingest.compact import CompactSettings, compact, describe_plan, dry_run, outcome_note
+    from iox_planner.maintenance.compact.plan import dry_run
+    from iox_planner.maintenance.compact.report import describe_plan, outcome_note
+    from iox_planner.maintenance.compact.settings import CompactSettings
 
     catalog = _catalog()
     settings = CompactSettings.from_env()
@@ -104,7 +106,9 @@ def cmd_compact(args: argparse.Namespace) -> int:
         out.print("dry run: nothing was changed")
         return 0
     from iox_planner.cli import runner
-    from iox_planner.ingest.compact import check_target, report_dict
+    from iox_planner.maintenance.compact.plan import check_target
+    from iox_planner.maintenance.compact.report import report_dict
+    from iox_planner.maintenance.compact.run import compact
 
     if runner.compacting_in_spark_submit():
         with catalog.engine.connect() as conn:  # unknown names fail here, before a Spark job starts
@@ -142,7 +146,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from iox_planner.ingest.persist import persist
+    from iox_planner.maintenance.persist import persist
     from iox_planner.ingest.write import write_line_protocol
     from iox_planner.timeutil import NS_PER_SECOND, parse_time
     from iox_planner.ingest.tsbs import generate_cpu

@@ -4,12 +4,13 @@ catalog transaction, with the plain write's result or error.
 - Input: a FILE, or every regular file directly in a DIR in byte order of their names (`input_files`: hidden
   names are skipped; a symlink, device, FIFO or socket in DIR is an error, never followed or read; subfolders are
   not entered). The load means what plain writes of those files, one after another, in one transaction, mean.
+  A triggered load's folder must resolve inside its root first (`resolve_source`).
 - Each file is cut into byte ranges of about `IOX_BULK_RANGE_BYTES`, each ending just after a LF
   (`plan_ranges`). A task (`parse_range`, run by a `RangeRunner`: Spark in `spark_jobs/bulk_job.py`) reads its
   range through `blocks.line_blocks` and the plain write's parser (`write.parse_blocks`: the vectorized path, else
   `StreamParser`), and writes one ingester chunk per (table, partition) into the load's staging folder
-  `<warehouse>/_bulk/<load id>/`. It writes nothing when its range holds a bad line.
-- The driver (`bulk_write`) registers every chunk in ONE transaction (`write.Staged.transaction`): orders are
+  `<warehouse>/_bulk/<load id>/` (`storage.bulk_staging`). It writes nothing when its range holds a bad line.
+- The driver (`bulk_write`) registers every chunk in ONE transaction (`storage.Staged.transaction`): orders are
   taken in input order (file, then range, then table and partition), so a later line wins over an earlier one
   exactly as in the plain streamed write, whose chunks of one partition take rising orders too; each file is
   moved from staging to `<db id>/<table id>/<partition id>/<uuid>.parquet` just before its row is inserted.
@@ -18,12 +19,13 @@ catalog transaction, with the plain write's result or error.
   file with no point), the load is done again by the plain streamed write, serially, in one transaction: its
   error (or, for a cut inside a string, its result) is the plain write's by construction. `--accept-partial`
   takes the same way when a line is bad.
-- A load in flight holds a Postgres advisory lock on its id. `sweep_bulk_loads` (called by persist's
-  `sweep_unreferenced`) removes the staging folder of a load whose lock is free (its driver died) once older than
-  the grace period, and the files its manifest says were moved but that no catalog row names. The registration
-  runs on the lock's own session and first re-checks that the session still holds the lock (as compaction's swap
-  does): had the session died during the tasks, a sweep may have removed the staged chunks, so the load fails
-  then with a retryable error and registers nothing; checked in the transaction, it holds until the COMMIT.
+- A load in flight holds a Postgres advisory lock on its id (`catalog/locks.py`). `sweep_bulk_loads`
+  (`maintenance/sweeps.py`, part of persist's `sweep_unreferenced`) removes the staging folder of a load whose
+  lock is free (its driver died) once older than the grace period, and the files its manifest says were moved but
+  that no catalog row names. The registration runs on the lock's own session and first re-checks that the session
+  still holds the lock (as compaction's swap does): had the session died during the tasks, a sweep may have
+  removed the staged chunks, so the load fails then with a retryable error and registers nothing; checked in the
+  transaction, it holds until the COMMIT.
 """
 
 from __future__ import annotations
@@ -31,11 +33,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import stat
 import time
-import uuid
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,15 +45,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
 
+from iox_planner import storage
+from iox_planner.catalog import locks
 from iox_planner.catalog.freshness import record_writes
 from iox_planner.catalog.names import check_db_name
-from iox_planner.catalog.schema import ingester_chunks, parquet_files
 from iox_planner.catalog.store import Catalog
 from iox_planner.config import env_int
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogUnavailableError
 from iox_planner.faults import kill_point
-from iox_planner.ingest import files as storage
+from iox_planner.ingest import files as chunk_files
 from iox_planner.ingest import write as plain
 from iox_planner.ingest.blocks import line_blocks
 from iox_planner.ingest.lineprotocol import LineError, Limits, Point, Precision, StreamParser
@@ -61,13 +62,7 @@ from iox_planner.ingest.lineprotocol.vectorized import Piece
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import now_ns, partition_of
 
-STAGING = "_bulk"
-"""The warehouse folder holding bulk loads' staging folders (never a database id: those are digits)."""
-BULK_LOCK = 0x1B0C_10AD
-"""Advisory lock class id: (BULK_LOCK, load key) is held by a load's driver from start to end."""
 DEFAULT_RANGE_BYTES = 64 * 1024 * 1024
-_LOAD_ID = re.compile(r"[0-9a-f]{32}")
-_FINAL_PATH = re.compile(r"[0-9]+/[0-9]+/[0-9]+/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.parquet")
 
 
 def range_bytes() -> int:
@@ -123,6 +118,32 @@ def _inside(fd: int, source: str, root: Path) -> Path:
     if real == resolved or not real.is_relative_to(resolved):
         raise BadInputError(f"{source!r} resolves to {real}, which is not inside {resolved}: this load reads only "
                             "below that folder")
+    return real
+
+
+def resolve_source(text: str, root: Path) -> Path:
+    """A triggered load's `folder` param as a real path strictly inside `root` (IOX_BULK_LOAD_ROOT): relative paths
+    resolve under it; `..` is refused outright (even when it would land inside), a NUL too; symlinks are resolved
+    and the result must still lie inside the root (a link out of it is refused), and it must exist as a folder or
+    file. `input_files` checks the root again on what it opens."""
+    if not isinstance(text, str) or not text.strip():
+        raise BadInputError("folder is empty: give a folder under IOX_BULK_LOAD_ROOT")
+    if "\0" in text:
+        raise BadInputError("folder holds a NUL character; give a plain path under IOX_BULK_LOAD_ROOT")
+    given = Path(text)
+    if ".." in given.parts:
+        raise BadInputError(f"folder {text[:200]!r} uses '..': give a path under IOX_BULK_LOAD_ROOT ({root}) "
+                            "without it")
+    candidate = given if given.is_absolute() else root / given
+    try:
+        real = candidate.resolve(strict=True)
+    except (FileNotFoundError, RuntimeError):
+        raise BadInputError(f"folder {text[:200]!r} does not exist under IOX_BULK_LOAD_ROOT ({root})") from None
+    if real == root or not real.is_relative_to(root):
+        raise BadInputError(f"folder {text[:200]!r} resolves to {real}, which is not inside IOX_BULK_LOAD_ROOT "
+                            f"({root}): triggered bulk loads read only below that folder")
+    if not (real.is_dir() or real.is_file()):
+        raise BadInputError(f"folder {text[:200]!r} is neither a folder nor a regular file")
     return real
 
 
@@ -294,11 +315,11 @@ def parse_range(r: Range, params: TaskParams) -> RangeResult:
         columns, data, _ = pending[key].take()
         if data.num_rows > MAX_WRITE_POSITION + 1:
             return RangeResult(r.file_index, r.range_index, problem="a range too large for one chunk")
-        name = f"{r.file_index:06d}-{r.range_index:06d}-{n:04d}.parquet"
+        name = storage.bulk_staged_name(r.file_index, r.range_index, n)
         size = storage.write_parquet_atomic(data, Path(params.staging) / name, metadata={"iox.kind": "ingester"})
         mm = pc.min_max(data[TIME]).as_py()
         chunks.append(StagedChunk(key[0], key[1], tuple((c, t.value) for c, t in columns.items()), data.num_rows,
-                                  mm["min"], mm["max"], storage.tag_ranges(data, columns), name, size))
+                                  mm["min"], mm["max"], chunk_files.tag_ranges(data, columns), name, size))
     return RangeResult(r.file_index, r.range_index, tuple(chunks), points, time.process_time() - cpu)
 
 
@@ -313,8 +334,8 @@ def _pieces(parsed: list[Piece] | list[Point]
     for point in cast(list[Point], parsed):
         groups[(point.measurement, partition_of(point.time))].append(point)
     for key, group in groups.items():
-        columns = storage.chunk_columns(group)
-        yield key, columns, storage.points_to_table(group, columns), group[0].line, group[-1].line
+        columns = chunk_files.chunk_columns(group)
+        yield key, columns, chunk_files.points_to_table(group, columns), group[0].line, group[-1].line
 
 
 RangeRunner = Callable[[Sequence[Range], TaskParams], list[RangeResult]]
@@ -341,32 +362,27 @@ class _Lock:
     session: int
     key: int
 
-    def still_held(self, catalog: Catalog) -> bool:
+    def still_held(self) -> bool:
         """Whether the lock's session is still the one serving `conn` and still holds the lock (a dropped
         connection that reconnected has another session, without it)."""
-        return (catalog.backend_pid(self.conn) == self.session
-                and catalog.holds_advisory_lock(self.conn, (BULK_LOCK, self.key)))
+        return locks.still_held(self.conn, self.session, self.key)
 
 
 @contextlib.contextmanager
 def _load_lock(catalog: Catalog, load_id: str) -> Iterator[_Lock]:
     """Hold the load's advisory lock (a session lock on a connection of its own) while the load runs: a sweep
     that can take it knows the load's driver is gone."""
-    key = _lock_key(load_id)
+    key = locks.bulk_load_key(load_id)
     with catalog.engine.connect() as conn:
-        conn.execute(sa.select(sa.func.pg_advisory_lock(BULK_LOCK, key)))
-        session = catalog.backend_pid(conn)
+        locks.lock(conn, key)
+        session = locks.backend_pid(conn)
         conn.commit()
         try:
             yield _Lock(conn, session, key)
         finally:
             with contextlib.suppress(Exception):
-                conn.execute(sa.select(sa.func.pg_advisory_unlock(BULK_LOCK, key)))
+                locks.unlock(conn, key)
                 conn.commit()
-
-
-def _lock_key(load_id: str) -> int:
-    return int(load_id[:8], 16) - (1 << 31)  # a signed int4
 
 
 def bulk_write(
@@ -395,8 +411,8 @@ def bulk_write(
     total = sum(r.end - r.start for r in ranges)
     default_time = now_ns()
     progress(f"bulk load into {db}: {len(paths)} file(s), {total:,} bytes, {len(ranges)} range(s)")
-    load_id = uuid.uuid4().hex
-    staging = root / STAGING / load_id
+    load_id = storage.new_load_id()
+    staging = storage.bulk_staging(root, load_id)
     with _load_lock(catalog, load_id) as lock:
         try:
             for _ in range(3):  # another load may remove an empty `_bulk` between the two mkdirs
@@ -451,12 +467,12 @@ def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeRes
     """Register the staged chunks in one transaction on the lock's own session, once it is known to still hold
     the lock: a session that dies before the COMMIT commits nothing, so the check holds until then."""
     chunks = [c for x in results for c in x.chunks]
-    staged = plain.Staged(root)
+    staged = storage.Staged(root)
     written: list[plain.WrittenChunk] = []
     with staged.transaction(catalog, lock.conn) as conn:
         # First thing in the transaction: from here on the session's death voids the COMMIT.
         try:
-            held = lock.still_held(catalog)
+            held = lock.still_held()
         except sa.exc.DBAPIError as err:
             if not err.connection_invalidated:
                 raise
@@ -464,7 +480,7 @@ def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeRes
         if not held:
             raise CatalogUnavailableError(_LOST)
         db_id = catalog.ensure_database(conn, db)
-        catalog.lock_orders(conn, db_id)
+        locks.lock_orders(conn, db_id)
         known = catalog.table_ids(conn, db_id)
         for c in chunks:
             if c.table in known:
@@ -479,9 +495,9 @@ def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeRes
             columns = {name: ColumnType(ctype) for name, ctype in c.columns}
             catalog.add_columns(conn, table_id, columns)
             partition_id = catalog.ensure_partition(conn, table_id, c.partition)
-            moves.append((staging / c.file, plain.chunk_path(db_id, table_id, partition_id)))
+            moves.append((staging / c.file, storage.chunk_path(db_id, table_id, partition_id)))
         # The manifest first: a sweep after a crash from here on knows which moved files were this load's.
-        manifest = staging / "manifest.json"
+        manifest = staging / storage.BULK_MANIFEST
         manifest.write_text(json.dumps([rel for _, rel in moves]))
         for c, order, (src, rel) in zip(chunks, orders, moves):
             dest = root / rel
@@ -491,9 +507,9 @@ def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeRes
             columns = {name: ColumnType(ctype) for name, ctype in c.columns}
             table_id, partition_id = (int(p) for p in rel.split("/")[1:3])
             chunk_id = catalog.insert_chunk(conn, ChunkKind.INGESTER, dict(
-                object_id=dest.stem, label=None, table_id=table_id, partition_id=partition_id,
+                object_id=storage.object_id(rel), label=None, table_id=table_id, partition_id=partition_id,
                 store=LOCAL_STORE, path=rel, min_time=c.min_time, max_time=c.max_time, row_count=c.rows,
-                file_size=c.size, column_names=list(storage.column_layout(columns)),
+                file_size=c.size, column_names=list(chunk_files.column_layout(columns)),
                 tag_ranges={k: list(v) for k, v in c.tag_ranges.items()}, chunk_order=order))
             written.append(plain.WrittenChunk(f"I{chunk_id}", c.table, c.partition, c.rows, order, c.min_time,
                                               c.max_time))
@@ -506,7 +522,7 @@ def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeRes
 def _plain_load(catalog: Catalog, db: str, paths: Sequence[InputFile], precision: Precision, default_time: int,
                 accept_partial: bool, root: Path) -> plain.WriteResult:
     """The load as plain streamed writes of each file in order, in one transaction (all or nothing)."""
-    staged = plain.Staged(root)
+    staged = storage.Staged(root)
     chunks: list[plain.WrittenChunk] = []
     rejected: list[LineError] = []
     limit = plain.write_chunk_rows()
@@ -520,60 +536,3 @@ def _plain_load(catalog: Catalog, db: str, paths: Sequence[InputFile], precision
             rejected.extend(result.rejected)
         kill_point("write.before_commit")
     return plain.WriteResult(tuple(chunks), tuple(rejected))
-
-
-# --- the sweep ----------------------------------------------------------------------------------------------------
-
-
-def sweep_bulk_loads(catalog: Catalog, root: Path, grace_seconds: float) -> list[str]:
-    """Remove what dead bulk loads left: a staging folder untouched for `grace_seconds` whose load lock is free
-    (its driver is gone), with every file its manifest names that no catalog row names. Returns the removed
-    load ids. A live load holds its lock, so it is never touched however long it runs."""
-    base = root / STAGING
-    if not base.is_dir() or base.is_symlink():
-        return []
-    cutoff = time.time() - grace_seconds
-    removed = []
-    for entry in base.iterdir():
-        if not _LOAD_ID.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
-            continue
-        if _newest_mtime(entry) > cutoff:
-            continue
-        key = _lock_key(entry.name)
-        with catalog.engine.connect() as conn:
-            if not conn.execute(sa.select(sa.func.pg_try_advisory_lock(BULK_LOCK, key))).scalar():
-                continue  # the load is running
-            try:
-                for rel in _manifest(entry):
-                    with catalog.engine.connect() as check:
-                        named = any(check.execute(sa.select(ct.c.id).where(ct.c.path == rel).limit(1)).first()
-                                    for ct in (parquet_files, ingester_chunks))
-                    if not named:
-                        (root / rel).unlink(missing_ok=True)
-                shutil.rmtree(entry, ignore_errors=True)
-                removed.append(entry.name)
-            finally:
-                conn.execute(sa.select(sa.func.pg_advisory_unlock(BULK_LOCK, key)))
-                conn.commit()
-    return removed
-
-
-def _newest_mtime(folder: Path) -> float:
-    newest = folder.lstat().st_mtime
-    for child in folder.iterdir():
-        with contextlib.suppress(FileNotFoundError):
-            newest = max(newest, child.lstat().st_mtime)
-    return newest
-
-
-def _manifest(folder: Path) -> list[str]:
-    """The final paths a load moved its files to; only well-formed chunk paths (the file is the load's own, but
-    a path from it must never reach outside the warehouse's chunk layout)."""
-    try:
-        names = json.loads((folder / "manifest.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return []
-    if not isinstance(names, list):
-        return []
-    return [n for n in names if isinstance(n, str) and _FINAL_PATH.fullmatch(n)]
-

@@ -1,4 +1,5 @@
-"""Chunk files on disk: Arrow tables from points, IOx deduplication, sort keys, atomic Parquet writes.
+"""Chunk files' contents: Arrow tables from points, IOx deduplication, sort keys, tag ranges, reading a chunk.
+(Where files go and how they are written atomically: `storage.py`.)
 
 Time is stored as int64 nanoseconds (Spark reads Parquet nanosecond timestamps only as plain longs); ingester
 chunks also keep each row's write position in `__seq`.
@@ -6,8 +7,6 @@ chunks also keep each row's write position in `__seq`.
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -162,38 +161,6 @@ def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, Col
         table = table.unify_dictionaries()
     merged, _ = deduplicate_table(table, keys, np.concatenate(ranks))
     return merged.select(schema.names).cast(merge_schema if keep_dictionary else schema)
-
-
-def write_parquet_atomic(table: pa.Table, path: Path, *, metadata: Mapping[str, str] | None = None,
-                         dictionary: Sequence[str] | None = None, store_schema: bool = True) -> int:
-    """Write aside, fsync, then rename into place. Returns the file size. `dictionary`: the columns to
-    dictionary-encode; by default the string columns (tags, string fields) only. Tried on float or integer columns
-    of measurements (nearly all values distinct) a dictionary falls back to plain after filling a dictionary page,
-    which made the write about 3x slower and the file larger (measured on the TSBS cpu set: 0.35 s -> 0.13 s,
-    20 -> 17.5 MB for 234 k rows). `store_schema=False` leaves Arrow's own schema out of the file: readers then
-    take the types from the Parquet schema, so a table holding dictionary-encoded strings is read back as plain
-    strings (the file is the same Parquet either way)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    if metadata:
-        existing = table.schema.metadata or {}
-        table = table.replace_schema_metadata({**existing, **{k.encode(): v.encode() for k, v in metadata.items()}})
-    try:
-        if dictionary is None:
-            dictionary = [f.name for f in table.schema if pa.types.is_string(f.type)
-                          or pa.types.is_large_string(f.type) or pa.types.is_dictionary(f.type)]
-        with pq.ParquetWriter(tmp, table.schema, compression="zstd", store_schema=store_schema,
-                              use_dictionary=[c for c in dictionary if c in table.column_names]) as writer:
-            writer.write_table(table)
-            if metadata and not store_schema:  # otherwise the schema's metadata carries it
-                writer.add_key_value_metadata(dict(metadata))
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path.stat().st_size
 
 
 def dictionary_columns(columns: Mapping[str, ColumnType]) -> list[str]:

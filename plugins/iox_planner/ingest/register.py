@@ -17,14 +17,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlalchemy.engine import Connection
 
+from iox_planner import storage
+from iox_planner.catalog import locks
 from iox_planner.catalog.freshness import WriteEvent, fresh_order, record_writes
 from iox_planner.catalog.names import name_problem
 from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError
-from iox_planner.ingest import files as storage
+from iox_planner.ingest import files as chunk_files
 from iox_planner.ingest.lineprotocol import Precision
-from iox_planner.ingest.write import Staged, chunk_path
 from iox_planner.model import LOCAL_STORE, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, check_range, format_time, partition_bounds, partition_of
 
@@ -69,7 +70,7 @@ def catalog_columns(data: pa.Table, tags: Sequence[str]) -> tuple[pa.Table, dict
             ctype, converted = _field(name, column)
             columns[name] = ctype
             arrays[name] = converted
-    schema = storage.arrow_schema(columns)
+    schema = chunk_files.arrow_schema(columns)
     return pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema), columns
 
 
@@ -166,10 +167,10 @@ def register_interval(
         )
     root = warehouse or default_warehouse()
     if conn is None:
-        staged = Staged(root)
+        staged = storage.Staged(root)
         with staged.transaction(catalog) as own:
             return _register(catalog, own, staged, db, table, data, columns, start, end)
-    staged = Staged(root)
+    staged = storage.Staged(root)
     try:
         result = _register(catalog, conn, staged, db, table, data, columns, start, end)
     except BaseException:
@@ -181,12 +182,12 @@ def register_interval(
 
 
 def _register(
-    catalog: Catalog, conn: Connection, staged: Staged, db: str, table: str, data: pa.Table,
+    catalog: Catalog, conn: Connection, staged: storage.Staged, db: str, table: str, data: pa.Table,
     columns: Mapping[str, ColumnType], start: int, end: int,
 ) -> RegisterResult:
     root = staged.root
     db_id = catalog.ensure_database(conn, db)
-    catalog.lock_orders(conn, db_id)  # before any insert, as every write does (catalog.lock_orders: deadlocks)
+    locks.lock_orders(conn, db_id)  # before any insert, as every write does (locks.lock_orders: deadlocks)
     table_id = catalog.ensure_table(conn, db_id, table)
     current = catalog.add_columns(conn, table_id, columns)
     clashes = [f"{n} (the table has it as {current[n].value}, the result as {t.value})"
@@ -204,7 +205,7 @@ def _register(
             partition_ids[key] = catalog.ensure_partition(conn, table_id, key)
     # Lock every partition the interval touches, in id order (no deadlock with another registration or a
     # persist), before reading what they hold.
-    sort_keys = {pid: catalog.lock_partition(conn, pid) for pid in sorted(partition_ids.values())}
+    sort_keys = {pid: locks.lock_partition(conn, pid) for pid in sorted(partition_ids.values())}
 
     old = catalog.chunk_rows(conn, db_id, table=table, time_min=start, time_max=end - 1)
     table_columns = catalog.table_columns(conn, table_id)
@@ -222,25 +223,25 @@ def _register(
         lo, hi = partition_bounds(key)
         times = data[TIME]
         part = data.filter(pc.and_(pc.greater_equal(times, lo), pc.less_equal(times, hi)))
-        deduped = storage.deduplicate([(0, part)], columns)
+        deduped = chunk_files.deduplicate([(0, part)], columns)
         pid = partition_ids[key]
         fixed = sort_keys[pid]
-        partition_key = (storage.derive_sort_key(deduped, columns) if fixed is None
-                         else storage.extend_sort_key(fixed, columns, deduped))
+        partition_key = (chunk_files.derive_sort_key(deduped, columns) if fixed is None
+                         else chunk_files.extend_sort_key(fixed, columns, deduped))
         if list(partition_key) != list(fixed or []):
             catalog.set_sort_key(conn, pid, partition_key)
         file_key = [c for c in partition_key if c in columns]
-        rows = storage.sort_table(deduped, file_key)
-        rel = chunk_path(db_id, table_id, pid)
+        rows = chunk_files.sort_table(deduped, file_key)
+        rel = storage.chunk_path(db_id, table_id, pid)
         staged.paths.append(root / rel)
         size = storage.write_parquet_atomic(rows, root / rel, metadata={"iox.kind": ChunkKind.PARQUET.value})
         file_orders.append(catalog.next_orders(conn, db_id, 1)[0])
         mm = pc.min_max(rows[TIME]).as_py()
         file_id = catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(
-            object_id=Path(rel).stem, label=None, table_id=table_id, partition_id=pid, store=LOCAL_STORE,
+            object_id=storage.object_id(rel), label=None, table_id=table_id, partition_id=pid, store=LOCAL_STORE,
             path=rel, min_time=mm["min"], max_time=mm["max"], row_count=rows.num_rows, file_size=size,
-            column_names=storage.column_layout(columns),
-            tag_ranges={k: list(v) for k, v in storage.tag_ranges(rows, columns).items()},
+            column_names=chunk_files.column_layout(columns),
+            tag_ranges={k: list(v) for k, v in chunk_files.tag_ranges(rows, columns).items()},
             chunk_order=file_orders[-1], sort_key=file_key,
         ))
         files.append(RegisteredFile(key, file_id, rows.num_rows))
@@ -264,7 +265,7 @@ def _days(start: int, end: int) -> list[str]:
 
 
 def _trim(
-    catalog: Catalog, conn: Connection, staged: Staged, db_id: int, chunk: ChunkRow,
+    catalog: Catalog, conn: Connection, staged: storage.Staged, db_id: int, chunk: ChunkRow,
     table_columns: Mapping[str, ColumnType], start: int, end: int,
 ) -> None:
     """Rewrite a chunk that reaches outside the interval without the interval's rows (same kind, order and sort
@@ -273,21 +274,21 @@ def _trim(
         raise CatalogError(f"chunk {chunk.display_id} of {chunk.table} lives in store {chunk.store!r} and reaches "
                            "outside the interval being replaced; only local files can be rewritten")
     root = staged.root
-    rows = storage.read_chunk(root / chunk.path, chunk.display_id)
+    rows = chunk_files.read_chunk(root / chunk.path, chunk.display_id)
     times = rows[TIME]
     keep = rows.filter(pc.or_(pc.less(times, start), pc.greater_equal(times, end)))
     if keep.num_rows == 0:
         return
-    rel = chunk_path(db_id, chunk.table_id, chunk.partition_id)
+    rel = storage.chunk_path(db_id, chunk.table_id, chunk.partition_id)
     staged.paths.append(root / rel)
     size = storage.write_parquet_atomic(keep, root / rel, metadata={"iox.kind": chunk.kind.value})
     columns = {n: table_columns[n] for n in chunk.column_names if n in table_columns}
     mm = pc.min_max(keep[TIME]).as_py()
     values: dict[str, Any] = dict(
-        object_id=Path(rel).stem, label=chunk.label, table_id=chunk.table_id, partition_id=chunk.partition_id,
+        object_id=storage.object_id(rel), label=chunk.label, table_id=chunk.table_id, partition_id=chunk.partition_id,
         store=chunk.store, path=rel, min_time=mm["min"], max_time=mm["max"], row_count=keep.num_rows,
         file_size=size, column_names=list(chunk.column_names),
-        tag_ranges={k: list(v) for k, v in storage.tag_ranges(keep, columns).items()}, chunk_order=chunk.order,
+        tag_ranges={k: list(v) for k, v in chunk_files.tag_ranges(keep, columns).items()}, chunk_order=chunk.order,
     )
     if chunk.kind is ChunkKind.PARQUET:
         values["sort_key"] = list(chunk.sort_key)

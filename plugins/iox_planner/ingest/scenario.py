@@ -321,7 +321,7 @@ def check_unique_orders(chunks: Sequence[Chunk], existing: Mapping[tuple[str, st
 
 def scenario_source(scenario: Scenario) -> StaticSource:
     """The scenario's chunks as planner metadata alone: no catalog, no data files."""
-    from iox_planner.ingest import files as storage
+    from iox_planner.ingest import files as chunk_files
 
     orders = assign_orders(scenario.chunks, 0)
     out: list[Chunk] = []
@@ -330,12 +330,12 @@ def scenario_source(scenario: Scenario) -> StaticSource:
     for spec, order in zip(scenario.chunks, orders):
         if spec.has_lines:
             for cid, table, partition, points in spec.groups():
-                columns = storage.chunk_columns(points)
+                columns = chunk_files.chunk_columns(points)
                 _merge_schema(schemas[table], columns, cid)
-                data = storage.points_to_table(points, columns)
+                data = chunk_files.points_to_table(points, columns)
                 if spec.kind is ChunkKind.PARQUET:
-                    data = storage.deduplicate([(0, data)], columns)
-                    derived = tuple(storage.derive_sort_key(data, columns))
+                    data = chunk_files.deduplicate([(0, data)], columns)
+                    derived = tuple(chunk_files.derive_sort_key(data, columns))
                     key = sort_keys[table].setdefault(partition, derived)
                     file_key = spec.sort_key or tuple(c for c in key if c in columns)
                 else:
@@ -344,7 +344,7 @@ def scenario_source(scenario: Scenario) -> StaticSource:
                 out.append(Chunk(
                     id=cid, kind=spec.kind, table=table, partition=partition, order=order,
                     time_min=min(times), time_max=max(times), columns=columns, rows=data.num_rows,
-                    tag_ranges=storage.tag_ranges(data, columns), sort_key=file_key, store=spec.store,
+                    tag_ranges=chunk_files.tag_ranges(data, columns), sort_key=file_key, store=spec.store,
                 ))
         else:
             assert spec.table is not None and spec.partition is not None
@@ -386,6 +386,8 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
     `db` (from --db) wins over the file's `db:`. Loading into an existing database adds to it; default orders
     count on from the highest order it holds, and the catalog's order sequence moves past what was loaded.
     """
+    from iox_planner import storage
+    from iox_planner.catalog import locks
     from iox_planner.catalog.freshness import WriteEvent, committed_order, fresh_order, record_writes
     from iox_planner.ingest import write as ingest
     from iox_planner.catalog.names import check_db_name
@@ -402,13 +404,13 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
             "data to load; such scenarios are for `iox-batch explain --chunks`"
         )
     root = warehouse or default_warehouse()
-    staged = ingest.Staged(root)
+    staged = storage.Staged(root)
     loaded: list[LoadedChunk] = []
     events: list[WriteEvent] = []
     try:
         with catalog.engine.begin() as conn:
             db_id = catalog.ensure_database(conn, name)
-            catalog.lock_orders(conn, db_id)
+            locks.lock_orders(conn, db_id)
             counter = committed_order(conn, db_id)
             taken = catalog.labels(conn, db_id)
             existing: dict[tuple[str, str], set[int]] = defaultdict(set)

@@ -1,15 +1,13 @@
-"""Writes: line protocol (or an Arrow table) becomes ingester chunks; persist.py turns them into Parquet files.
-Files are written before their catalog rows commit and removed again if the commit fails, so a
+"""Writes: line protocol (or an Arrow table) becomes ingester chunks; maintenance/persist.py turns them into Parquet
+files. Files are written before their catalog rows commit and removed again if the commit fails, so a
 failed command leaves catalog and warehouse as they were."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
-import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator, Mapping, Sequence, cast
 
@@ -19,13 +17,15 @@ import pyarrow.compute as pc
 
 from sqlalchemy.engine import Connection
 
-from iox_planner.ingest import files as storage
+from iox_planner import storage
+from iox_planner.catalog import locks
 from iox_planner.catalog.freshness import WriteEvent, record_writes
 from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.store import Catalog
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError
 from iox_planner.faults import kill_point
+from iox_planner.ingest import files as chunk_files
 from iox_planner.ingest.arrow_np import from_numpy
 from iox_planner.ingest.blocks import Block, text_blocks
 from iox_planner.ingest.lineprotocol import LineError, Point, Precision, StreamParser, describe_errors
@@ -61,43 +61,6 @@ def _errors_paragraph(errors: Sequence[LineError], what: str) -> str:
     # Bounded (IOX_LP_ERRORS_SHOWN lines, then "and K more"): a million bad lines must not make a million-line
     # message.
     return f"{what}: {describe_errors(errors)}"
-
-
-@dataclass
-class Staged:
-    """Files written during a command, removed if the catalog transaction does not commit."""
-
-    root: Path
-    paths: list[Path] = field(default_factory=list)
-
-    def rollback(self) -> None:
-        for path in self.paths:
-            path.unlink(missing_ok=True)
-
-    @contextlib.contextmanager
-    def transaction(self, catalog: Catalog, conn: Connection | None = None) -> Iterator[Connection]:
-        """`catalog.engine.begin()` that removes the staged files when the transaction rolls back. An error from
-        the COMMIT itself leaves them: the connection may have dropped after Postgres committed, and a file a
-        committed row names must never go. If it did not commit, they are files no row names, which persist's
-        grace-period sweep (`persist.sweep_unreferenced`) removes. `conn`: run the transaction on this
-        connection (one that holds a session lock the transaction relies on) instead of a fresh one."""
-        with contextlib.ExitStack() as stack:
-            if conn is None:
-                conn = stack.enter_context(catalog.engine.connect())
-            trans = conn.begin()
-            try:
-                yield conn
-            except BaseException:
-                with contextlib.suppress(Exception):  # a dead connection cannot roll back, nor commit
-                    trans.rollback()
-                self.rollback()
-                raise
-            trans.commit()
-
-
-def chunk_path(db_id: int, table_id: int, partition_id: int) -> str:
-    """`<db id>/<table id>/<partition id>/<uuid>.parquet`: built from catalog ids, never from names."""
-    return f"{db_id}/{table_id}/{partition_id}/{uuid.uuid4()}.parquet"
 
 
 def _check_against_catalog(
@@ -146,7 +109,7 @@ def write_points(
     store: str = LOCAL_STORE,
     accept_partial: bool = False,
     conn: Connection | None = None,
-    staged: Staged | None = None,
+    staged: storage.Staged | None = None,
     warehouse: Path | None = None,
     log_writes: bool = True,
 ) -> WriteResult:
@@ -160,7 +123,7 @@ def write_points(
     """
     root = warehouse or default_warehouse()
     if conn is None:
-        own_staged = Staged(root)
+        own_staged = storage.Staged(root)
         with own_staged.transaction(catalog) as own:
             result = write_points(catalog, db, points, orders=orders, labels=labels, kind=kind,
                                   sort_key=sort_key, store=store, accept_partial=accept_partial, conn=own,
@@ -169,7 +132,7 @@ def write_points(
         return result
     assert staged is not None
     db_id = catalog.ensure_database(conn, db)
-    catalog.lock_orders(conn, db_id)
+    locks.lock_orders(conn, db_id)
     conflicts = _check_against_catalog(catalog, conn, db_id, points)
     if conflicts and not accept_partial:
         raise BadInputError(_errors_paragraph(conflicts, f"nothing was written to {db!r}"))
@@ -184,9 +147,9 @@ def write_points(
 
     written: list[WrittenChunk] = []
     for (table_name, partition_key), group in sorted(groups.items()):
-        columns = storage.chunk_columns(group)
+        columns = chunk_files.chunk_columns(group)
         written.append(store_chunk(
-            catalog, conn, staged, db_id, table_name, partition_key, storage.points_to_table(group, columns),
+            catalog, conn, staged, db_id, table_name, partition_key, chunk_files.points_to_table(group, columns),
             columns, kind=kind, order=(orders or {}).get((table_name, partition_key)),
             label=(labels or {}).get((table_name, partition_key)), sort_key=sort_key, store=store,
             lines={p.line for p in group},
@@ -201,7 +164,7 @@ def write_points(
 def store_chunk(
     catalog: Catalog,
     conn: Connection,
-    staged: Staged,
+    staged: storage.Staged,
     db_id: int,
     table_name: str,
     partition_key: str,
@@ -237,18 +200,18 @@ def store_chunk(
     file_sort_key: list[str] = []
     if kind is ChunkKind.PARQUET:
         data, file_sort_key = _as_persisted(catalog, conn, partition_id, data, columns, sort_key)
-    rel = chunk_path(db_id, table_id, partition_id)
+    rel = storage.chunk_path(db_id, table_id, partition_id)
     path = staged.root / rel
     staged.paths.append(path)
     size = storage.write_parquet_atomic(
         data, path, metadata={"iox.kind": kind.value},
-        dictionary=storage.dictionary_columns(columns) if kind is ChunkKind.INGESTER else None)
+        dictionary=chunk_files.dictionary_columns(columns) if kind is ChunkKind.INGESTER else None)
     mm = pc.min_max(data[TIME]).as_py()
     values = dict(
-        object_id=path.stem, label=label, table_id=table_id, partition_id=partition_id, store=store,
+        object_id=storage.object_id(rel), label=label, table_id=table_id, partition_id=partition_id, store=store,
         path=rel, min_time=mm["min"], max_time=mm["max"], row_count=data.num_rows, file_size=size,
-        column_names=list(storage.column_layout(columns)),
-        tag_ranges={k: list(v) for k, v in storage.tag_ranges(data, columns).items()}, chunk_order=order,
+        column_names=list(chunk_files.column_layout(columns)),
+        tag_ranges={k: list(v) for k, v in chunk_files.tag_ranges(data, columns).items()}, chunk_order=order,
     )
     if kind is ChunkKind.PARQUET:
         values["sort_key"] = list(file_sort_key)
@@ -269,7 +232,7 @@ def write_table(
 ) -> list[WrittenChunk]:
     """Store an Arrow table (int64 ns `time`) as chunks of `table_name`, one per day partition, in one
     transaction. For ingester chunks `data` must carry `__seq`; Parquet chunks are deduplicated and sorted."""
-    staged = Staged(warehouse or default_warehouse())
+    staged = storage.Staged(warehouse or default_warehouse())
     with staged.transaction(catalog) as conn:
         db_id = catalog.ensure_database(conn, db)
         days = np.floor_divide(data[TIME].to_numpy(), NS_PER_DAY)
@@ -292,9 +255,9 @@ def _as_persisted(
     override: Sequence[str] | None,
 ) -> tuple[pa.Table, list[str]]:
     """Deduplicate and sort a chunk as persist would; fix or extend the partition's sort key on the way."""
-    deduped = storage.deduplicate([(0, data)], columns)
-    fixed = catalog.lock_partition(conn, partition_id)
-    partition_key = storage.partition_sort_key(fixed, columns, deduped)
+    deduped = chunk_files.deduplicate([(0, data)], columns)
+    fixed = locks.lock_partition(conn, partition_id)
+    partition_key = chunk_files.partition_sort_key(fixed, columns, deduped)
     if list(partition_key) != list(fixed or []):
         catalog.set_sort_key(conn, partition_id, partition_key)
     if override:
@@ -304,7 +267,7 @@ def _as_persisted(
         file_key = list(override)
     else:
         file_key = [c for c in partition_key if c in columns]
-    return storage.sort_table(deduped, file_key), file_key
+    return chunk_files.sort_table(deduped, file_key), file_key
 
 
 def write_chunk_rows(env: Mapping[str, str] | None = None) -> int:
@@ -356,7 +319,7 @@ def write_line_blocks(
     check_db_name(db)
     limit = chunk_rows or write_chunk_rows()
     parser = StreamParser(precision=precision, default_time=now_ns())
-    staged = Staged(warehouse or default_warehouse())
+    staged = storage.Staged(warehouse or default_warehouse())
     # Staged.transaction, not engine.begin(): a failed COMMIT must keep its files (see there).
     with staged.transaction(catalog) as conn:
         result = _write_blocks(catalog, conn, staged, db, blocks, parser, accept_partial, source, limit)
@@ -483,7 +446,7 @@ def _unify(pieces: Sequence[tuple[Mapping[str, ColumnType], pa.Table]]) -> tuple
     columns: dict[str, ColumnType] = {}
     for cols, _ in pieces:
         columns.update(cols)
-    schema = storage.arrow_schema(columns, with_seq=True)
+    schema = chunk_files.arrow_schema(columns, with_seq=True)
     tables = []
     for _, table in pieces:
         arrays = [table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
@@ -492,7 +455,7 @@ def _unify(pieces: Sequence[tuple[Mapping[str, ColumnType], pa.Table]]) -> tuple
     return columns, pa.concat_tables(tables)
 
 
-def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
+def _write_blocks(catalog: Catalog, conn: Connection, staged: storage.Staged, db: str,
                   blocks: Iterable[Block], parser: StreamParser, accept_partial: bool, source: str,
                   limit: int) -> WriteResult:
     spill = _SpillFile(staged.root)
@@ -502,11 +465,11 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: Staged, db: str,
         spill.close()
 
 
-def _write_spilling(catalog: Catalog, conn: Connection, staged: Staged, db: str, blocks: Iterable[Block],
+def _write_spilling(catalog: Catalog, conn: Connection, staged: storage.Staged, db: str, blocks: Iterable[Block],
                     parser: StreamParser, accept_partial: bool, source: str, limit: int,
                     spill: _SpillFile) -> WriteResult:
     db_id = catalog.ensure_database(conn, db)
-    catalog.lock_orders(conn, db_id)
+    locks.lock_orders(conn, db_id)
     pending: dict[tuple[str, str], _Pending] = {}
     conflicts: list[LineError] = []
     written: list[WrittenChunk] = []
@@ -566,9 +529,9 @@ def _write_spilling(catalog: Catalog, conn: Connection, staged: Staged, db: str,
         for point in points:
             groups[(point.measurement, partition_of(point.time))].append(point)
         for key, group in groups.items():
-            columns = storage.chunk_columns(group)
+            columns = chunk_files.chunk_columns(group)
             entry = pending.setdefault(key, _Pending(spill))
-            entry.add(columns, storage.points_to_table(group, columns), group[0].line, group[-1].line)
+            entry.add(columns, chunk_files.points_to_table(group, columns), group[0].line, group[-1].line)
             if entry.total >= limit:
                 flush(key)
         relieve()

@@ -1,22 +1,23 @@
-"""Compaction's catalog side without Spark: the order-trap closure on catalog rows, the partition compaction lock,
-and the sweep of stray compaction outputs (which persist runs too)."""
+"""Compaction's catalog side without Spark: the order-trap closure on catalog rows, settings, the dry run, and
+promotions with the real slice code run in this process."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Sequence
 
 import pytest
 import sqlalchemy as sa
 
+from helpers import assert_one_paragraph_error, run_cli
 from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.errors import BadInputError
-from iox_planner.ingest.compact import (CompactSettings, PartitionPlan, SliceResult, SliceTask, close_inputs, compact,
-                                        compact_slice, describe_plan, dry_run)
-from iox_planner.ingest.persist import persist, sweep_compaction_strays
 from iox_planner.ingest.scenario import load_scenario, parse_scenario
-from iox_planner.ingest.write import write_line_protocol
+from iox_planner.maintenance.compact.plan import PartitionPlan, close_inputs, dry_run
+from iox_planner.maintenance.compact.report import describe_plan
+from iox_planner.maintenance.compact.run import compact
+from iox_planner.maintenance.compact.settings import CompactSettings
+from iox_planner.maintenance.compact.slices import SliceResult, SliceTask, compact_slice
 from iox_planner.model import ChunkKind
 
 T0 = 1_704_067_200_000_000_000
@@ -51,50 +52,47 @@ def test_closure_pulls_in_files_between_and_of_the_output_level_and_stops_on_ing
     assert not isinstance(close_inputs([a, b], [a, b, row(I, 1, 6, 9, 9)], level=1), str)
 
 
-def test_the_compaction_lock_is_held_by_one_session_at_a_time(catalog: Catalog) -> None:
-    pid = 987_654_321
-    with catalog.engine.connect() as one, catalog.engine.connect() as two:
-        assert catalog.try_lock_compaction(one, pid)
-        assert not catalog.try_lock_compaction(two, pid)
-        catalog.unlock_compaction(one, pid)
-        assert catalog.try_lock_compaction(two, pid)
-        catalog.unlock_compaction(two, pid)
-
-
-def test_strays_are_swept_and_nothing_else(catalog: Catalog, db: str, warehouse: Path) -> None:
-    """A compaction killed before its swap leaves `<uuid>.compacted.parquet` (and maybe its `.tmp`); persist's
-    sweep of the partition deletes exactly those, never a file the catalog names or another writer's file."""
-    write_line_protocol(catalog, db, f"m,t=a f=1 {T0}")
-    with catalog.engine.connect() as conn:
-        pid, folder = conn.execute(sa.text(
-            "SELECT c.partition_id, c.path FROM iox_ingester_chunk c JOIN iox_table t ON t.id = c.table_id "
-            "JOIN iox_database d ON d.id = t.database_id WHERE d.name = :db").bindparams(db=db)).one()
-    folder = warehouse / Path(folder).parent
-    stray = folder / f"{uuid.uuid4()}.compacted.parquet"
-    stray_tmp = folder / f".{uuid.uuid4()}.compacted.parquet.{uuid.uuid4().hex}.tmp"
-    other = folder / f"{uuid.uuid4()}.parquet"  # e.g. a write's file before its commit: not ours to delete
-    for p in (stray, stray_tmp, other):
-        p.write_bytes(b"x")
-    with catalog.engine.connect() as holder:
-        assert catalog.try_lock_compaction(holder, pid)
-        # A compaction holds the partition: its staged outputs are not strays.
-        assert sweep_compaction_strays(catalog, warehouse, [pid]) == 0 and stray.exists()
-        catalog.unlock_compaction(holder, pid)
-    write_line_protocol(catalog, db, f"m,t=a f=2 {T0}")
-    persist(catalog, db, warehouse=warehouse)
-    assert not stray.exists() and not stray_tmp.exists() and other.exists()
-    with catalog.engine.connect() as conn:
-        named = set(conn.execute(sa.text("SELECT path FROM iox_parquet_file WHERE partition_id = :p")
-                                 .bindparams(p=pid)).scalars())
-    assert all((warehouse / p).exists() for p in named)
-
-
 def test_settings_from_env_refuse_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IOX_COMPACT_MAX_ROWS", "0")
     with pytest.raises(BadInputError, match="IOX_COMPACT_MAX_ROWS"):
         CompactSettings.from_env()
     monkeypatch.setenv("IOX_COMPACT_MAX_ROWS", "1_000")
     assert CompactSettings.from_env().max_rows == 1000
+
+
+@pytest.mark.parametrize("partition", ["2024-02-30", "2023-02-29", "2024-04-31", "2024-13-01", "2024-00-10",
+                                       "2024-01-00", "0000-01-01", "2024-1-01", "20240101", "2024-W01-1",
+                                       "\u0662\u0660\u0662\u0664-01-01", "2024-01-01 ", "2024-01-01T00"])
+def test_a_partition_must_be_a_calendar_day(catalog: Catalog, db: str, warehouse: Path, partition: str) -> None:
+    """Checked by the library (the CLI, the spark-submit job and the DAG's batches all go through it), before
+    anything is locked or read: one paragraph, nothing changed."""
+    load_scenario(catalog, parse_scenario({"chunks": [
+        {"id": "F1", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {T0}"},
+        {"id": "F2", "kind": "parquet", "order": 2, "lines": f"m,t=a f=2 {T0}"}]}), db)
+    with pytest.raises(BadInputError, match="--partition .* is not a (UTC calendar day|partition key)") as err:
+        dry_run(catalog, db, partition=partition)
+    assert "\n" not in str(err.value)
+    with pytest.raises(BadInputError, match="--partition"):
+        compact(catalog, db, _in_process, partition=partition, warehouse=warehouse, settings=CompactSettings())
+    assert sorted(_files(catalog, db)) == ["F1", "F2"] and all(lv == 0 for _, _, lv in _files(catalog, db).values())
+
+
+def test_a_real_day_is_a_partition_even_the_29th_of_february(catalog: Catalog, db: str) -> None:
+    leap = 1_709_164_800_000_000_000  # 2024-02-29T00:00:00Z
+    load_scenario(catalog, parse_scenario({"chunks": [
+        {"id": "F1", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {leap}"},
+        {"id": "F2", "kind": "parquet", "order": 2, "lines": f"m,t=a f=2 {leap}"}]}), db)
+    [plan] = dry_run(catalog, db, partition="2024-02-29", settings=CompactSettings())
+    assert isinstance(plan, PartitionPlan) and plan.partition == "2024-02-29"
+    assert dry_run(catalog, db, partition="2024-02-28", settings=CompactSettings()) == []
+
+
+def test_the_cli_refuses_a_day_that_does_not_exist(catalog: Catalog, db: str) -> None:
+    load_scenario(catalog, parse_scenario({"chunks": [
+        {"id": "F1", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {T0}"}]}), db)
+    for extra in (["--dry-run"], []):
+        result = run_cli("compact", "--db", db, "--partition", "2024-02-30", *extra)
+        assert_one_paragraph_error(result, "2024-02-30", "calendar day")
 
 
 def test_dry_run_reports_a_partition_waiting_for_persist(catalog: Catalog, db: str) -> None:
@@ -105,39 +103,6 @@ def test_dry_run_reports_a_partition_waiting_for_persist(catalog: Catalog, db: s
     ]}), db)
     [item] = dry_run(catalog, db, settings=CompactSettings())
     assert "ingester chunk I2" in getattr(item, "reason")
-
-
-def test_the_arrow_dedup_sorts_on_the_keys_given_and_takes_an_all_null_tag() -> None:
-    """Tags are ranked by their sorted dictionary (NULL first), so the merged rows come out in key order; a tag
-    whose values are all NULL has an empty dictionary (this broke a query once)."""
-    import numpy as np
-    import pyarrow as pa
-
-    from iox_planner.ingest.dedup import deduplicate_table
-
-    table = pa.table({"t": pa.array(["b", None, "a", "b", "a"]), "u": pa.array([None] * 5, pa.string()),
-                      "time": [2, 1, 1, 1, 1], "f": [1.0, 2.0, 3.0, None, 4.0]})
-    merged, _ = deduplicate_table(table, ["t", "u", "time"], np.arange(5))
-    assert merged.to_pylist() == [
-        {"t": None, "u": None, "time": 1, "f": 2.0}, {"t": "a", "u": None, "time": 1, "f": 4.0},
-        {"t": "b", "u": None, "time": 1, "f": None}, {"t": "b", "u": None, "time": 2, "f": 1.0}]
-    merged, _ = deduplicate_table(table, ["time", "t", "u"], np.arange(5))
-    assert [(r["time"], r["t"]) for r in merged.to_pylist()] == [(1, None), (1, "a"), (1, "b"), (2, "b")]
-
-
-def test_the_arrow_dedup_treats_a_repeated_dictionary_value_as_one_tag() -> None:
-    """A dictionary may hold a value twice (`unify_dictionaries` leaves a single chunk's as it is): the two rows
-    below are one key, the later write wins, and the merged row sorts as its value does."""
-    import numpy as np
-    import pyarrow as pa
-
-    from iox_planner.ingest.dedup import deduplicate_table
-
-    host = pa.DictionaryArray.from_arrays(pa.array([0, 2, 1], pa.int32()), pa.array(["b", "a", "b"]))
-    table = pa.table({"host": host, "time": [5, 5, 5], "v": [1, 2, 3]})
-    merged, order = deduplicate_table(table, ["host", "time"], np.array([10, 30, 20]))
-    assert [(r["host"], r["v"]) for r in merged.to_pylist()] == [("a", 3), ("b", 2)]
-    assert order.tolist() == [20, 30]
 
 
 # --- promotion: L0 files overlapping nothing become L1 in place ----------------------------------------------------

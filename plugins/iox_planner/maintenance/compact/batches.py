@@ -1,0 +1,173 @@
+"""A compaction run cut into batches (the `iox_compact` DAG's): the partitions that need work split into at most
+a given number of spark-submit batches of about equal rows, or one in-process batch of promotions when none
+needs a rewrite; one batch run (`compact_batch`, shared by `spark_jobs/run_compact.py` and the promotions-only
+batch) with its report written aside and renamed; and the batches' reports summed."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Sequence
+
+from iox_planner.catalog.names import check_db_name
+from iox_planner.catalog.store import Catalog
+from iox_planner.config import state_dir
+from iox_planner.errors import BadInputError, InternalError, IoxError
+from iox_planner.maintenance.compact.plan import PartitionPlan, dry_run
+from iox_planner.maintenance.compact.report import Report, describe_plan, outcome_note, report_dict
+from iox_planner.maintenance.compact.run import compact
+from iox_planner.maintenance.compact.slices import SliceResult, SliceRunner, SliceTask
+
+
+@dataclass(frozen=True)
+class Batches:
+    """What the DAG's `find_work` task hands on: the spark-submit argument lists, and the argument list of the
+    in-process batch of promotions (the same form; empty when there is none)."""
+
+    spark: list[list[str]]
+    promote: list[str]
+
+
+def report_folder(run_id: str) -> Path:
+    """Where the batches of one DAG run (`run_id`) write their reports: under the project's state folder."""
+    return state_dir() / "compact" / re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:200]
+
+
+def plan_batches(databases: Sequence[str], max_jobs: int, folder: Path) -> Batches:
+    """One spark-submit argument list per batch: `--metrics <report> --target DB=PID,PID ...`, each batch's report
+    in `folder`. Partitions of `databases` (none: every database) go to the batch with the fewest rows so far,
+    largest first, so batches take about equal time; at most `max_jobs` batches. When no partition needs a
+    rewrite, the one batch is `promote` instead: promotions are catalog updates, and a spark-submit (a JVM start,
+    ten seconds or more) would start no Spark job anyway."""
+    catalog = Catalog()
+    work: list[tuple[int, str, int]] = []
+    try:
+        catalog.require_schema()
+        with catalog.engine.connect() as conn:
+            names = list(databases) or catalog.database_names(conn)
+        for db in names:
+            for item in dry_run(catalog, db):
+                print(f"{db}: " + "\n".join(describe_plan(item)))
+                if isinstance(item, PartitionPlan):  # promotions only: a batch member costing no Spark task
+                    work.append((item.rows_in, db, item.partition_id))
+    finally:
+        catalog.dispose()
+    if not work:
+        print("nothing to compact")
+        return Batches([], [])
+    # Partitions needing promotions only (no rows to rewrite) cost a batch no Spark task: they ride along with the
+    # others and make no extra spark-submit of their own.
+    count = min(max_jobs, max(1, sum(1 for rows, _, _ in work if rows > 0)))
+    loads = [0] * count
+    members: list[dict[str, list[int]]] = [{} for _ in range(count)]
+    for rows, db, pid in sorted(work, reverse=True):
+        i = loads.index(min(loads))
+        loads[i] += rows
+        members[i].setdefault(db, []).append(pid)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, group in enumerate(members):
+        args = ["--metrics", str(folder / f"batch-{i}.json")]
+        for db, pids in sorted(group.items()):
+            args += ["--target", f"{db}={','.join(str(p) for p in sorted(pids))}"]
+        out.append(args)
+    if not any(rows > 0 for rows, _, _ in work):
+        print(f"{len(work)} partition(s) to compact, promotions only: no Spark job")
+        return Batches([], out[0])
+    print(f"{len(work)} partition(s) to compact in {count} Spark job(s)")
+    return Batches(out, [])
+
+
+def parse_target(text: str) -> tuple[str, list[int]]:
+    """A batch's `--target DB=PARTITION_ID[,PARTITION_ID...]`."""
+    db, sep, ids = text.partition("=")
+    check_db_name(db)
+    try:
+        pids = [int(p) for p in ids.split(",") if p.strip()]
+    except ValueError:
+        pids = []
+    if not sep or not pids or any(p < 1 for p in pids):
+        raise BadInputError(f"--target {text[:80]!r} is not DB=PARTITION_ID[,PARTITION_ID...]")
+    return db, pids
+
+
+def compact_batch(targets: Sequence[tuple[str, list[int] | None]], metrics: Path, run_slices: SliceRunner, *,
+                  table: str | None = None, partition: str | None = None, rewrites: bool = True,
+                  log: IO[str] | None = None) -> dict[str, Any]:
+    """One batch: compact each target database's partitions (`run.compact`, with `run_slices` for the rewrites;
+    `rewrites=False`: promotions only) and write the batch's report to `metrics`, aside and renamed. Progress
+    lines go to `log` (default: standard error). Shared by `spark_jobs/run_compact.py` and `promote_batch`."""
+    # A report left by an earlier try of this batch (a cleared task) must not stand for this one if it fails.
+    metrics.unlink(missing_ok=True)
+    out = log or sys.stderr
+    catalog = Catalog()
+    total = Report()
+    try:
+        catalog.require_schema()
+        for db, pids in targets:
+            report = compact(catalog, db, run_slices, only=pids, table=table, partition=partition,
+                             rewrites=rewrites, progress=functools.partial(_say, out, db))
+            total.outcomes.extend(report.outcomes)
+    finally:
+        catalog.dispose()
+    data = report_dict(total)
+    tmp = metrics.with_name(f".{metrics.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, metrics)
+    return data
+
+
+def _say(out: IO[str], db: str, line: str) -> None:
+    print(f"{db}: {line}", file=out, flush=True)
+
+
+def promote_batch(args: list[str]) -> dict[str, Any]:
+    """Run a promotions-only batch in this process (`plan_batches`' `promote`): each partition's promotions as
+    `iox-batch compact` makes them (its compaction lock, one catalog transaction), the report written where a
+    spark-submit batch writes its own (the same `compact_batch`). A partition that needs a rewrite by now (a
+    persist since `plan_batches`) promotes what it can and its rewrite waits for the next run: this starts no
+    Spark job."""
+    targets: list[tuple[str, list[int] | None]] = [
+        parse_target(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "--target"]
+    return compact_batch(targets, Path(args[args.index("--metrics") + 1]), _no_spark, rewrites=False,
+                         log=sys.stdout)
+
+
+def _no_spark(tasks: Sequence[SliceTask], root: Path) -> Sequence[SliceResult]:
+    if tasks:  # compact(rewrites=False) plans no slice
+        raise InternalError(f"a promotions-only batch planned {len(tasks)} slice(s) to rewrite")
+    return []
+
+
+def sum_reports(batches: list[list[str]], promote: list[str] | None = None) -> dict[str, Any]:
+    """The run's report: the batches' totals (and the promotions-only batch's) summed and printed. A batch without
+    a report failed: the run fails after reporting the others (their swaps are done and stay)."""
+    keys = ("partitions", "skipped", "files_in", "files_out", "rows_in", "rows_out", "duplicates_removed",
+            "files_promoted", "rows_promoted")
+    total = dict.fromkeys(keys, 0)
+    failed = []
+    for args in [*batches, *([promote] if promote else [])]:
+        path = Path(args[args.index("--metrics") + 1])
+        if not path.is_file():
+            failed.append(path.stem)
+            continue
+        data = json.loads(path.read_text())
+        for k in keys:
+            total[k] += int(data[k])
+        for o in data["outcomes"]:
+            note = outcome_note(o)
+            if note is not None:
+                print(note)
+    print(f"compacted {total['partitions']} partition(s): {total['files_in']} file(s) in, {total['files_out']} out; "
+          f"{total['rows_in']:,} rows in, {total['rows_out']:,} out; {total['duplicates_removed']:,} duplicates "
+          f"removed; {total['files_promoted']} file(s) ({total['rows_promoted']:,} rows) promoted to L1 in place, "
+          f"not rewritten; {total['skipped']} skipped")
+    if failed:
+        raise IoxError(f"compaction batch(es) {', '.join(failed)} failed (see their task logs); their partitions "
+                       "are as before and the next run retries them")
+    return total

@@ -1,0 +1,59 @@
+"""The warehouse layout (`storage.py`): the names it builds match the patterns the sweeps go by (and only their
+own), an atomic write, and whether the catalog names a file."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from helpers import live_chunks
+from iox_planner import storage
+from iox_planner.catalog.store import Catalog
+from iox_planner.ingest.write import write_line_protocol
+
+
+def test_each_name_matches_its_own_pattern_only() -> None:
+    chunk = storage.chunk_path(7, 42, 1234)
+    compacted = storage.compacted_path(7, 42, 1234)
+    assert chunk.startswith("7/42/1234/") and compacted.startswith("7/42/1234/")
+    assert storage.CHUNK_PATH.fullmatch(chunk) and not storage.CHUNK_PATH.fullmatch(compacted)
+    chunk_name, compacted_name = Path(chunk).name, Path(compacted).name
+    assert storage.CHUNK_FILE.fullmatch(chunk_name) and not storage.COMPACTED_FILE.fullmatch(chunk_name)
+    assert storage.COMPACTED_FILE.fullmatch(compacted_name) and not storage.CHUNK_FILE.fullmatch(compacted_name)
+    chunk_temp = storage.temp_path(Path(chunk)).name
+    assert storage.CHUNK_TEMP.fullmatch(chunk_temp) and not storage.CHUNK_FILE.fullmatch(chunk_temp)
+    assert storage.COMPACTED_FILE.fullmatch(storage.temp_path(Path(compacted)).name)
+    assert not storage.CHUNK_TEMP.fullmatch(storage.temp_path(Path(compacted)).name)
+    for rel in (chunk, compacted):
+        assert str(uuid.UUID(storage.object_id(rel))) == storage.object_id(rel)
+    load = storage.new_load_id()
+    assert storage.BULK_LOAD_ID.fullmatch(load)
+    assert storage.bulk_staging(Path("/w"), load) == Path("/w/_bulk") / load
+    for hostile in ("../1/2/" + chunk_name, "1/2/3/../" + chunk_name, "/1/2/3/" + chunk_name, "a/2/3/" + chunk_name,
+                    chunk + "/x", chunk.upper()):
+        assert not storage.CHUNK_PATH.fullmatch(hostile), hostile
+
+
+def test_a_file_written_without_arrow_schema_reads_back_plain_with_its_metadata(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    plain = pa.table({"host": pa.array(["b", None, "a"]), "n": pa.array([1, 2, 3], pa.uint64()),
+                      "time": pa.array([1, 2, 3], pa.int64())})
+    encoded = plain.set_column(0, "host", plain["host"].dictionary_encode())
+    path = tmp_path / "x.parquet"
+    storage.write_parquet_atomic(encoded, path, metadata={"iox.kind": "parquet"}, store_schema=False)
+    back = pq.read_table(path)
+    assert back.equals(plain.replace_schema_metadata({"iox.kind": "parquet"}))
+    assert pq.read_metadata(path).metadata == {b"iox.kind": b"parquet"}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.parquet"]  # no temporary left beside it
+
+
+def test_a_file_is_referenced_while_a_row_names_it(catalog: Catalog, db: str) -> None:
+    write_line_protocol(catalog, db, "m v=1 1")
+    [chunk] = live_chunks(catalog, db)
+    assert storage.referenced(catalog, chunk["path"])
+    assert not storage.referenced(catalog, storage.chunk_path(*(int(p) for p in chunk["path"].split("/")[:3])))
+    with catalog.engine.connect() as conn:
+        assert chunk["path"] in storage.partition_paths(conn, chunk["partition_id"])
+        assert chunk["path"] in storage.database_paths(conn, int(chunk["path"].split("/")[0]))
