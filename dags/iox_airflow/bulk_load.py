@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
 
-from iox_airflow.settings import AirflowSettings
+from iox_planner.runs.settings import AirflowSettings
 
 _PRECISIONS = ("ns", "us", "ms", "s")
 

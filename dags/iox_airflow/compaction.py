@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from iox_airflow.settings import AirflowSettings
+from iox_planner.runs.settings import AirflowSettings
 
 
 def report_folder(run_id: str) -> Path:

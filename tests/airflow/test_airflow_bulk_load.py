@@ -14,7 +14,7 @@ from af_support import DagRunner
 from helpers import catalog_counts
 
 from iox_airflow.bulk_load import resolve_folder
-from iox_airflow.settings import AirflowSettings
+from iox_planner.runs.settings import AirflowSettings
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError
 

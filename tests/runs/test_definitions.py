@@ -1,28 +1,30 @@
-"""The Airflow layer's pure parts (no Airflow run, no database): materialized definitions, requests from params,
+"""The run domain's pure parts (no Airflow, no database): materialized definitions, requests from params,
 settings, and the fan-out split of a plan."""
 
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from af_support import DAGS, DATA
-from iox_airflow.definitions import load_definitions, parse_definition
-from iox_planner.planner.fanout import split_plan
-from iox_airflow.query_request import QueryRequest, ResultFormat
-from iox_airflow.settings import AirflowSettings
 
 from iox_planner.errors import BadInputError
-from iox_planner.model import RunKey
-from iox_planner.planner import plan_query
-from iox_planner.planner.nodes import DeduplicateExec, EmptyExec
 from iox_planner.ingest.scenario import read_scenario, scenario_source
+from iox_planner.model import RunKey
+from iox_planner.output import OutputFormat
+from iox_planner.planner import plan_query
+from iox_planner.planner.fanout import split_plan
+from iox_planner.planner.nodes import DeduplicateExec, EmptyExec
+from iox_planner.runs.definitions import load_definitions, parse_definition
+from iox_planner.runs.request import QueryRequest
+from iox_planner.runs.settings import AirflowSettings
 from iox_planner.timeutil import INT64_MAX, INT64_MIN
+
+ROOT = Path(__file__).resolve().parents[2]
+DAGS = ROOT / "dags"
+DATA = ROOT / "tests" / "airflow" / "data"  # the Airflow tests' sample scenarios
 
 SETTINGS = AirflowSettings(output_root=Path("/data/out"), materialized_dir=Path("/nowhere"))
 GOOD: dict[str, Any] = {
@@ -47,7 +49,7 @@ def test_a_definition_makes_one_request_per_interval() -> None:
     request = definition.request(start, start + dt.timedelta(hours=1), SETTINGS)
     assert request.output == Path("/data/out/cpu/2024-01-02T03.parquet")
     assert (request.time_start, request.time_end) == (1704164400 * 10**9, 1704164400 * 10**9 + H)
-    assert request.format is ResultFormat.PARQUET and request.args == {"low": 5}
+    assert request.format is OutputFormat.PARQUET and request.args == {"low": 5}
     assert request.lock_key() == RunKey("cpu_hourly", request.time_start, request.time_end)
     assert request.register_as is not None and request.register_as.tags == ("host",)
     assert definition.output_pattern(SETTINGS) == Path("/data/out/cpu/*.parquet")
@@ -156,26 +158,10 @@ def test_fan_out_leaves_an_unsplittable_scan_whole() -> None:
     assert parts == [] or any(isinstance(p.children[0], EmptyExec) for p in parts)
 
 
-HOOK_MASTERS = r"""
-import os, sys
-from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from iox_airflow.spark import ensure_spark_connection
-for master in sys.argv[1:]:
-    os.environ.pop("AIRFLOW_CONN_SPARK_DEFAULT", None)
-    if master == "-":
-        os.environ.pop("IOX_SPARK_MASTER", None)
-    else:
-        os.environ["IOX_SPARK_MASTER"] = master
-    ensure_spark_connection()
-    print(SparkSubmitHook()._connection["master"])
-"""
-
-
-def test_spark_default_is_derived_from_iox_spark_master(airflow_env: dict[str, str]) -> None:
-    """What Airflow's own SparkSubmitHook makes of the derived connection: exactly IOX_SPARK_MASTER."""
-    env = {**airflow_env, "PYTHONPATH": str(DAGS)}
-    masters = ["-", "local[2]", "spark://127.0.0.1:7077"]
-    done = subprocess.run([sys.executable, "-c", HOOK_MASTERS, *masters], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["local[*]", "local[2]", "spark://127.0.0.1:7077"]
+@pytest.mark.parametrize("field, value", [("name", "cpu\n"), ("db", "demo\n"), ("db", "de\0mo")])
+def test_definition_names_are_matched_whole(field: str, value: str) -> None:
+    doc = {"name": "cpu", "db": "demo", "sql": "SELECT 1", "schedule": "@daily", "start_date": "2024-01-01",
+           "output": "cpu/{start:%Y-%m-%d}.parquet", field: value}
+    with pytest.raises(BadInputError) as caught:
+        parse_definition(doc, "cpu.yaml")
+    assert "\n" not in str(caught.value).replace("\\n", "")

@@ -40,11 +40,12 @@ import yaml
 
 from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
+from iox_planner.output import OutputFormat
 from iox_planner.sparkconf import query_timeout_s
 from iox_planner.timeutil import parse_time
 
-from iox_airflow.query_request import QueryRequest, RegisterAs, ResultFormat
-from iox_airflow.settings import AirflowSettings
+from iox_planner.runs.request import QueryRequest, RegisterAs, run_format
+from iox_planner.runs.settings import AirflowSettings
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 TEMPLATE_FIELDS = frozenset({"start", "end", "name"})
@@ -66,7 +67,7 @@ class MaterializedQuery:
     schedule: str
     start_date: dt.datetime
     output: str
-    format: ResultFormat = ResultFormat.PARQUET
+    format: OutputFormat = OutputFormat.PARQUET
     catchup: bool = False
     end_date: dt.datetime | None = None
     args: Mapping[str, Any] = field(default_factory=dict)
@@ -181,7 +182,7 @@ def parse_definition(doc: Any, source: str) -> MaterializedQuery:
         raise fail("output", "must be a path template such as cpu_hourly/{start:%Y-%m-%dT%H}.parquet")
     _check_template(output, fail)
     try:
-        fmt = ResultFormat.parse(doc.get("format", "parquet"))
+        fmt = run_format(doc.get("format", "parquet"))
     except BadInputError as err:
         raise fail("format", str(err)) from err
     args = doc.get("args") or {}
