@@ -97,6 +97,25 @@ def test_a_definition_writing_outside_the_roots_fails_in_the_plan_step(catalog: 
     assert recorded["status"] == "failed" and "outside the output roots" in recorded["error"]
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"sql": {"select": "1"}}, "param 'sql' must be a string, not dict"),
+    ({"sql": ["SELECT 1"]}, "param 'sql' must be a string, not list"),
+    ({"db": {"demo": 1}}, "param 'db' must be a string, not dict"),
+    ({"output": {"path": "x.jsonl"}}, "param 'output' must be a string, not dict"),
+    ({"time_start": 1704067200}, "param 'time_start' must be a string, not int"),
+    ({"format": ["jsonl"]}, "param 'format' must be a string, not list"),
+    ({"args": {"low": float("nan")}}, "bound parameter :low is nan, which SQL has no literal for"),
+    ({"args": {"low": float("-inf")}}, "bound parameter :low is -inf"),
+])
+def test_params_of_the_wrong_type_are_refused_not_turned_into_text(tmp_path: Path, change: dict[str, object],
+                                                                 message: str) -> None:
+    """A triggered run's params as JSON can hold objects and NaN (Python's JSON reads `NaN` and `Infinity`)."""
+    params = {"db": "demo", "sql": QUERY, "output": "x.jsonl", "format": "jsonl", **change}
+    with pytest.raises(BadInputError) as err:
+        QueryRequest.from_params(params, _settings(tmp_path))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
 def test_run_failed_is_an_iox_error_with_its_cause_s_exit_status() -> None:
     from iox_planner.errors import IoxError
 

@@ -3,6 +3,7 @@ definition and a data interval. No Airflow and no catalog here: building a reque
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,20 @@ def run_format(value: object, where: str = "format") -> OutputFormat:
         allowed = ", ".join(f.value for f in RUN_FORMATS)
         raise BadInputError(f"{where} {value!r} is not an output format; use one of {allowed}")
     return found
+
+
+def check_args(args: Mapping[Any, Any]) -> None:
+    """Bound parameters (a request's `args`, a definition's): names are identifiers, values are strings, finite
+    numbers, booleans or null (NaN and infinities have no SQL literal; JSON and YAML can spell them)."""
+    for name, value in args.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise BadInputError(f"bound parameter name {name!r} is not a valid name (letters, digits, '_')")
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise BadInputError(f"bound parameter :{name} must be a string, number, boolean or null, not "
+                                f"{type(value).__name__}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BadInputError(f"bound parameter :{name} is {value!r}, which SQL has no literal for; pass a finite "
+                                "number")
 
 
 @dataclass(frozen=True)
@@ -71,12 +86,7 @@ class QueryRequest:
         if not self.output.is_absolute():
             raise BadInputError(f"output {_short(self.output)} must be an absolute path")
         check_range(self.time_start, self.time_end)
-        for name, value in self.args.items():
-            if not isinstance(name, str) or not name.isidentifier():
-                raise BadInputError(f"bound parameter name {name!r} is not a valid name (letters, digits, '_')")
-            if value is not None and not isinstance(value, (str, int, float, bool)):
-                raise BadInputError(f"bound parameter :{name} must be a string, number, boolean or null, not "
-                                    f"{type(value).__name__}")
+        check_args(self.args)
         if self.register_as is not None and self.definition is None:
             raise BadInputError("register_as is for materialized queries (it replaces an interval of a table)")
 
@@ -90,15 +100,21 @@ class QueryRequest:
         for required in ("db", "sql", "output"):
             if not params.get(required):
                 raise BadInputError(f"param {required!r} is required")
+        # Text params are text: a value of another type is refused, never turned into text (`str()` of an object
+        # would make a query of its repr).
+        for name in ("db", "sql", "output", "format", "time_start", "time_end"):
+            value = params.get(name)
+            if value is not None and not isinstance(value, str):
+                raise BadInputError(f"param {name!r} must be a string, not {type(value).__name__}")
         args = params.get("args") or {}
         if not isinstance(args, Mapping):
             raise BadInputError(f"param 'args' must be an object of bound parameters, not {type(args).__name__}")
         start = params.get("time_start")
         end = params.get("time_end")
         request = QueryRequest(
-            db=str(params["db"]),
-            sql=str(params["sql"]),
-            output=settings.resolve_output(str(params["output"])),
+            db=params["db"],
+            sql=params["sql"],
+            output=settings.resolve_output(params["output"]),
             format=run_format(params.get("format") or "parquet", "param format"),
             args=dict(args),
             time_start=parse_time(start, what="time_start") if start else None,
