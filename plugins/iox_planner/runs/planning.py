@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from iox_planner.errors import BadInputError
 from iox_planner.output import OutputFormat
 from iox_planner.sparkconf import TIMEOUT_ARG, jobs_dir
 
@@ -69,6 +70,7 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings,
             # anywhere else the folder must exist, as for `iox-batch query --output`.
             request.output.parent.mkdir(parents=True, exist_ok=True)
         check_destination(request.output, folder=request.format.is_folder)
+        check_register_target(catalog, request)
         source = CatalogSource(catalog, request.db)
         query_plan = plan_query(request.sql, source, params=dict(request.args),
                                 time_start=request.time_start, time_end=request.time_end,
@@ -91,6 +93,33 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings,
         fail_run(err, "planning", catalog, run_pk, key, run, staging)
     finally:
         catalog.dispose()
+
+
+def check_register_target(catalog: Any, request: QueryRequest) -> None:
+    """`register_as` replaces the run's interval of the table, so it may name only a new table or one that earlier
+    runs of the same materialized query registered: never a table ingest wrote into (its rows would be replaced
+    interval by interval), nor one another query's registrations fill. Checked before anything runs."""
+    from iox_planner.catalog.names import excerpt
+    from iox_planner.catalog.runs import table_origin
+
+    target = request.register_as
+    if target is None:
+        return
+    db = target.db or request.db
+    origin = table_origin(catalog, db, target.table)
+    if not origin.exists:
+        return
+    where = f"register_as: table {excerpt(target.table)} of database {db}"
+    advice = "give register_as a table name of its own"
+    if origin.ingested:
+        raise BadInputError(f"{where} holds data that was written to it ({' and '.join(origin.ingested)}), not "
+                            f"registered by this materialized query; registering would replace those rows interval "
+                            f"by interval, so nothing was run: {advice}")
+    if request.definition not in origin.registered_by:
+        shown = ", ".join(excerpt(n) for n in origin.registered_by[:5])
+        by = f"by materialized query {shown}" if shown else "by no run iox-batch recorded"
+        raise BadInputError(f"{where} was registered {by}, not by an earlier run of {excerpt(request.definition)}; "
+                            f"registering would replace its rows interval by interval, so nothing was run: {advice}")
 
 
 def _spark_jobs(query_plan: Any, request: QueryRequest, staging: Staging,
