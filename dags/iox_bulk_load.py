@@ -19,10 +19,11 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
-from iox_airflow.operators import IoxSparkSubmitOperator
-from iox_airflow.settings import AirflowSettings
 from iox_planner.ingest.lineprotocol import Precision
+from iox_planner.runs.settings import AirflowSettings
 from iox_planner.sparkconf import jobs_dir
+
+from iox_airflow.operators import IoxSparkSubmitOperator
 
 SETTINGS = AirflowSettings.from_env()
 

@@ -26,9 +26,10 @@ from typing import Any
 from airflow.sdk import DAG, XComArg, task
 from airflow.utils.trigger_rule import TriggerRule
 
-from iox_airflow.operators import IoxSparkSubmitOperator
-from iox_airflow.settings import AirflowSettings
+from iox_planner.runs.settings import AirflowSettings
 from iox_planner.sparkconf import jobs_dir
+
+from iox_airflow.operators import IoxSparkSubmitOperator
 
 SETTINGS = AirflowSettings.from_env()
 

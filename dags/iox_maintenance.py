@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow.sdk import DAG, task
 
-from iox_airflow.settings import AirflowSettings
+from iox_planner.runs.settings import AirflowSettings
 
 SETTINGS = AirflowSettings.from_env()
 

@@ -13,10 +13,11 @@ from typing import Any, Mapping
 
 from airflow.sdk import DAG, Asset, CronDataIntervalTimetable
 
-from iox_airflow.definitions import MaterializedQuery, load_definitions
+from iox_planner.runs.definitions import MaterializedQuery, load_definitions
+from iox_planner.runs.request import QueryRequest
+from iox_planner.runs.settings import AirflowSettings
+
 from iox_airflow.pipeline import query_tasks
-from iox_airflow.query_request import QueryRequest
-from iox_airflow.settings import AirflowSettings
 
 SETTINGS = AirflowSettings.from_env()
 

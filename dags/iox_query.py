@@ -15,11 +15,11 @@ from typing import Any, Mapping
 
 from airflow.sdk import DAG, Param
 
+from iox_planner.runs.request import QueryRequest
+from iox_planner.runs.settings import AirflowSettings
 from iox_planner.sparkconf import MAX_QUERY_TIMEOUT_S
 
 from iox_airflow.pipeline import query_tasks
-from iox_airflow.query_request import QueryRequest
-from iox_airflow.settings import AirflowSettings
 
 RFC3339 = r"^\d{4}-\d{2}-\d{2}([Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?([Zz]|[+-]\d{2}:?\d{2})?)?$"
 

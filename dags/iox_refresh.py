@@ -19,10 +19,9 @@ from typing import Any
 from airflow.sdk import DAG, TriggerRule, task
 
 from iox_planner.errors import IoxError
-
-from iox_airflow.definitions import load_definitions
-from iox_airflow.refresh import refresh_levels
-from iox_airflow.settings import AirflowSettings
+from iox_planner.runs.definitions import load_definitions
+from iox_planner.runs.refresh import refresh_levels
+from iox_planner.runs.settings import AirflowSettings
 
 SETTINGS = AirflowSettings.from_env()
 try:
@@ -34,13 +33,13 @@ except IoxError:
 
 
 def _find(names: list[str]) -> list[dict[str, Any]]:
+    from iox_planner.catalog.store import open_catalog
+    from iox_planner.runs import refresh
     from iox_planner.timeutil import format_time
-
-    from iox_airflow import refresh
 
     settings = AirflowSettings.from_env()
     definitions = load_definitions(settings.materialized_dir)  # a broken definition fails here, named
-    catalog = refresh._catalog()
+    catalog = open_catalog()
     work: list[dict[str, Any]] = []
     try:
         for name in names:
@@ -59,9 +58,9 @@ def _refresh(item: dict[str, Any], context: Any) -> dict[str, Any]:
     from airflow.sdk import get_current_context
     from airflow.sdk.exceptions import AirflowFailException
 
+    from iox_planner.runs import refresh
+    from iox_planner.runs.staging import RunIdentity
     from iox_planner.timeutil import format_time
-
-    from iox_airflow import refresh
 
     settings = AirflowSettings.from_env()
     definition = refresh.pick(load_definitions(settings.materialized_dir), item["name"])
@@ -69,9 +68,10 @@ def _refresh(item: dict[str, Any], context: Any) -> dict[str, Any]:
     label: Any = get_current_context()
     label["refresh_target"] = f"{item['name']} {format_time(item['start'])}"  # the mapped task's label
     # One query run (and one run lock holder) per interval of this DAG run.
-    run = refresh.RunIdentity(ti.dag_id, f"{ti.run_id}:{item['name']}:{format_time(item['start'])}")
+    run = RunIdentity(ti.dag_id, f"{ti.run_id}:{item['name']}:{format_time(item['start'])}")
+    # Its Spark jobs through spark-submit, from this task (the DAG's own runner: no Spark in the worker).
     result = refresh.refresh_interval(definition, int(item["start"]), int(item["end"]), run, settings,
-                                      holder_state=ti.get_dagrun_state)
+                                      run_spark=refresh.submit_jobs, holder_state=ti.get_dagrun_state)
     print(refresh.describe(result))
     if not result.ok:
         raise AirflowFailException(refresh.describe(result))

@@ -21,9 +21,11 @@ def result_to_arrow(result: DataFrame) -> Any:
 def write_result(result: DataFrame, fmt: str, output: Path | None, stdout: Any) -> int:
     """Write the result in `fmt` to `output` (atomically) or to `stdout`. Returns rows written. `arrow` is the
     Arrow IPC file a spark-submit job hands back to the CLI, which prints it."""
-    from iox_planner.output.formats import OutputFormat, finish_columns, print_table, write_text_output
+    from iox_planner.output import OutputFormat
+    from iox_planner.output.formats import finish_columns, print_table, write_text_output
 
-    if fmt == "arrow":
+    kind = OutputFormat(fmt)
+    if kind is OutputFormat.ARROW:
         if output is None:
             raise BadInputError("arrow output is a file: give --output PATH")
         import pyarrow as pa
@@ -35,7 +37,6 @@ def write_result(result: DataFrame, fmt: str, output: Path | None, stdout: Any) 
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, arrow.schema) as writer:
                 writer.write_table(arrow)
         return int(arrow.num_rows)
-    kind = OutputFormat(fmt)
     if kind is OutputFormat.PARQUET:
         if output is None:
             raise BadInputError("parquet output is a folder: give --output PATH")

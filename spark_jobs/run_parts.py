@@ -22,6 +22,8 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
+    from iox_planner.output import JOB_FORMATS
+
     parser = argparse.ArgumentParser(prog="run_parts.py")
     parser.add_argument("mode", choices=["part", "merge"])
     parser.add_argument("--plan", required=True)
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True)
     parser.add_argument("--metrics", required=True)
     parser.add_argument("--parts", help="merge: the folder holding every part's output")
-    parser.add_argument("--format", default="parquet", choices=["csv", "jsonl", "parquet", "arrow"])
+    parser.add_argument("--format", default="parquet", choices=[f.value for f in JOB_FORMATS])
     from spark_jobs.run_plan import add_timeout_arg, run_job
 
     add_timeout_arg(parser)

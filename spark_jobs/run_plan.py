@@ -19,10 +19,12 @@ from typing import Any, Callable
 
 
 def main(argv: list[str] | None = None) -> int:
+    from iox_planner.output import JOB_FORMATS
+
     parser = argparse.ArgumentParser(prog="run_plan.py")
     parser.add_argument("--plan", required=True, help="plan JSON file (iox-batch explain --format json)")
     parser.add_argument("--warehouse", required=True)
-    parser.add_argument("--format", required=True, choices=["csv", "jsonl", "parquet", "arrow"])
+    parser.add_argument("--format", required=True, choices=[f.value for f in JOB_FORMATS])
     parser.add_argument("--output", required=True)
     parser.add_argument("--strategy", default=None, choices=["arrow", "shared", "window", "node"],
                         help="how dedups run (default: IOX_DEDUP_STRATEGY or arrow)")

@@ -113,3 +113,15 @@ def untouched(tmp_path: Path, catalog: Catalog) -> Untouched:
     canary = tmp_path / "canary"
     canary.mkdir()
     return Untouched(canary, Path(os.environ["IOX_WAREHOUSE"]), catalog)
+
+
+@pytest.fixture
+def outside() -> Iterator[Path]:
+    """A folder outside every output root a test configures (and outside pytest's temporary folder, which the
+    Airflow tests make an output root)."""
+    import shutil
+
+    folder = Path("/tmp") / f"iox-sec-outside-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    yield folder
+    shutil.rmtree(folder)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from iox_planner.catalog.store import Catalog, CatalogSource
-from iox_planner.output.formats import OutputFormat
+from iox_planner.output import OutputFormat
 from iox_planner.planner import plan_query
 from iox_planner.planner.nodes import QueryPlan
 from iox_planner.ingest.scenario import load_scenario, parse_scenario

@@ -15,7 +15,7 @@ from iox_planner.errors import BadInputError
 from iox_planner.ingest.bulk import resolve_source
 from iox_planner.ingest.lineprotocol import Precision
 
-from iox_airflow.settings import AirflowSettings
+from iox_planner.runs.settings import AirflowSettings
 
 
 def load_args(params: Mapping[str, Any], settings: AirflowSettings, run_id: str) -> list[str]:

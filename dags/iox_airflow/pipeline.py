@@ -24,17 +24,18 @@ from typing import Any, Callable, Mapping, Sequence
 from airflow.sdk import Asset, TriggerRule, XComArg, task
 from airflow.sdk.exceptions import AirflowFailException
 
+from iox_planner.runs.planning import PARTS_JOB
+from iox_planner.runs.request import QueryRequest
+from iox_planner.runs.settings import AirflowSettings
+
 from iox_airflow.operators import IoxSparkSubmitOperator
-from iox_airflow.query_request import QueryRequest
-from iox_airflow.runs import PARTS_JOB
-from iox_airflow.settings import AirflowSettings
 
 RequestFactory = Callable[[Mapping[str, Any], AirflowSettings], QueryRequest]
 FAILED_STATES = frozenset({"failed", "upstream_failed"})
 
 
 def _identity(context: Mapping[str, Any]) -> Any:
-    from iox_airflow.runs import RunIdentity
+    from iox_planner.runs.staging import RunIdentity
 
     ti = context["ti"]
     return RunIdentity(ti.dag_id, ti.run_id)
@@ -54,22 +55,22 @@ def query_tasks(
 
     @task(task_id="plan", retries=spark_retries, retry_delay=retry_delay)
     def plan(**context: Any) -> list[dict[str, Any]]:
-        from iox_planner.errors import IoxError
-
-        from iox_airflow import runs
+        from iox_planner.errors import IoxError, RunFailed
+        from iox_planner.runs.failure import reject
+        from iox_planner.runs.planning import plan as plan_run
 
         now = AirflowSettings.from_env()
         run = _identity(context)
         try:
             request = make_request(context, now)
         except IoxError as err:
-            runs.reject(context.get("params") or {}, run, str(err))
+            reject(context.get("params") or {}, run, str(err))
             raise AirflowFailException(f"nothing was run: {err}") from err
         try:
             # The scheduler's view of another run's DAG run: a lock whose holder's DAG run has ended is taken
             # over at once instead of after IOX_RUN_LOCK_TTL_S (catalog/runs.py acquire_lock says why).
-            outcome = runs.plan(request, run, now, holder_state=context["ti"].get_dagrun_state)
-        except runs.RunFailed as err:
+            outcome = plan_run(request, run, now, holder_state=context["ti"].get_dagrun_state)
+        except RunFailed as err:
             raise AirflowFailException(f"nothing was run: {err}") from err
         ti = context["ti"]
         ti.xcom_push(key="summary", value=outcome.summary)
@@ -91,9 +92,9 @@ def query_tasks(
 
     @task(task_id="commit", trigger_rule=TriggerRule.ALL_DONE, retries=0, outlets=list(outlets))
     def commit(**context: Any) -> dict[str, Any]:
-        from iox_planner.errors import IoxError
-
-        from iox_airflow import runs
+        from iox_planner.errors import IoxError, RunFailed
+        from iox_planner.runs.commit import commit as commit_run
+        from iox_planner.runs.failure import fail
 
         ti = context["ti"]
         run = _identity(context)
@@ -107,11 +108,11 @@ def query_tasks(
         except IoxError as err:
             raise AirflowFailException(f"nothing was published: the plan task rejected the run: {err}") from err
         if failed or handle is None:
-            message = runs.fail(request, run, handle, f"task(s) {', '.join(failed) or 'plan'} failed")
+            message = fail(request, run, handle, f"task(s) {', '.join(failed) or 'plan'} failed")
             raise AirflowFailException(f"nothing was published: {message}")
         try:
-            outcome = runs.commit(request, run, handle)
-        except runs.RunFailed as err:
+            outcome = commit_run(request, run, handle)
+        except RunFailed as err:
             raise AirflowFailException(f"nothing was published: {err}") from err
         extra = event_extra(context, outcome) if event_extra else {}
         for asset in outlets:

@@ -64,6 +64,16 @@ class QueryTimeoutError(IoxError):
     exit_code = 124
 
 
+class RunFailed(IoxError):
+    """A run step (plan, commit) failed and has already recorded it: the run marked failed, its lock released, its
+    staging folder removed. It carries its cause's message and exit status, whichever error that was (a bad
+    query: 2; 75: the catalog was unreachable, retry the run), so it sits directly under the base."""
+
+    def __init__(self, message: object = "", exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class InternalError(IoxError):
     """A bug: an invariant of iox-batch broke. The message carries what is needed to report it."""
 

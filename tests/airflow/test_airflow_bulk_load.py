@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from af_support import DagRunner
 from helpers import catalog_counts
 
-from iox_airflow.settings import AirflowSettings
+from iox_planner.runs.settings import AirflowSettings
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.bulk import resolve_source

@@ -45,9 +45,11 @@ def rows(path: Path) -> list[dict[str, Any]]:
 def test_iox_refresh_reruns_exactly_the_stale_interval_then_the_rollup(
         airflow_env: dict[str, str], dag_runner: DagRunner, catalog: Catalog, spark: object,
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from iox_airflow import refresh
-    from iox_airflow.definitions import load_definitions
-    from iox_airflow.settings import AirflowSettings
+    from iox_planner.cli.runner import run_staged_in_process
+    from iox_planner.runs import refresh
+    from iox_planner.runs.definitions import load_definitions
+    from iox_planner.runs.settings import AirflowSettings
+    from iox_planner.runs.staging import RunIdentity
 
     suffix = uuid.uuid4().hex[:8]
     db = f"af_late_{suffix}"
@@ -74,9 +76,9 @@ def test_iox_refresh_reruns_exactly_the_stale_interval_then_the_rollup(
     out = settings.output_root
 
     def materialize(name: str, start: int, end: int) -> None:
-        run = refresh.RunIdentity(f"materialize_{name}", f"scheduled__{start}")
+        run = RunIdentity(f"materialize_{name}", f"scheduled__{start}")
         result = refresh.refresh_interval(refresh.pick(found, name), start, end, run, settings,
-                                          executor="in-process")
+                                          run_spark=run_staged_in_process)
         assert result.ok, result.error
 
     def states(name: str) -> list[tuple[int, str]]:

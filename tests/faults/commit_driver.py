@@ -1,4 +1,4 @@
-"""Runs the DAGs' commit step (dags/iox_airflow/runs.py `commit`) for one prepared run, as the commit task would,
+"""Runs the commit step (iox_planner.runs.commit `commit`) for one prepared run, as the DAGs' commit task would,
 in a process of its own that the fault tests kill (or whose Postgres they restart). Exit status as the CLI's: 0,
 1 for a failed run, 75 when it failed because the catalog was unreachable. Argument: a JSON spec (request, run
 identity, handle); a request without `register_table` publishes only the output."""
@@ -9,16 +9,17 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.append(str(Path(__file__).resolve().parents[2] / "dags"))
-
-from iox_airflow.query_request import QueryRequest, RegisterAs, ResultFormat  # noqa: E402
-from iox_airflow.runs import RunFailed, RunIdentity, commit  # noqa: E402
+from iox_planner.errors import RunFailed
+from iox_planner.output import OutputFormat
+from iox_planner.runs.commit import commit
+from iox_planner.runs.request import QueryRequest, RegisterAs
+from iox_planner.runs.staging import RunIdentity
 
 
 def main() -> int:
     spec = json.loads(sys.argv[1])
     r = spec["request"]
-    request = QueryRequest(db=r["db"], sql=r["sql"], output=Path(r["output"]), format=ResultFormat(r["format"]),
+    request = QueryRequest(db=r["db"], sql=r["sql"], output=Path(r["output"]), format=OutputFormat(r["format"]),
                            time_start=r["time_start"], time_end=r["time_end"], definition=r["definition"],
                            register_as=(RegisterAs(r["register_table"], tuple(r["register_tags"]))
                                         if r.get("register_table") else None))

@@ -27,7 +27,6 @@ from iox_planner.ingest.write import write_line_protocol
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
-DAGS = Path(__file__).resolve().parents[2] / "dags"
 DRIVER = Path(__file__).resolve().parent / "commit_driver.py"
 DAY = 86_400_000_000_000
 SQL = ("SELECT k, date_trunc('day', time) AS time, count(*) AS samples, max(v) AS vmax FROM m "
@@ -52,8 +51,6 @@ def _read_jsonl(path: Path) -> dict[tuple[Any, ...], dict[str, Any]]:
 
 class Materialization:
     def __init__(self, fw: FaultWorld, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        if str(DAGS) not in sys.path:
-            sys.path.append(str(DAGS))
         monkeypatch.setenv("IOX_OUTPUT_ROOT", str(root))
         self.fw = fw
         self.db = f"mat_{uuid.uuid4().hex[:8]}"
@@ -74,9 +71,11 @@ class Materialization:
 
     def prepare(self) -> dict[str, Any]:
         """Plan a run and execute its Spark job here (the shared session); return the commit's spec."""
-        from iox_airflow.query_request import QueryRequest, RegisterAs, ResultFormat
-        from iox_airflow.runs import RunIdentity, Staging, plan
-        from iox_airflow.settings import AirflowSettings
+        from iox_planner.output import OutputFormat
+        from iox_planner.runs.planning import plan
+        from iox_planner.runs.request import QueryRequest, RegisterAs
+        from iox_planner.runs.settings import AirflowSettings
+        from iox_planner.runs.staging import RunIdentity, Staging
 
         from iox_planner.catalog.publications import CatalogLedger
         from iox_planner.cli import runner
@@ -85,7 +84,7 @@ class Materialization:
         from spark_jobs.run_plan import run
 
         self.runs += 1
-        request = QueryRequest(db=self.db, sql=SQL, output=self.output, format=ResultFormat.JSONL,
+        request = QueryRequest(db=self.db, sql=SQL, output=self.output, format=OutputFormat.JSONL,
                                time_start=DAY0, time_end=DAY0 + DAY, definition="fault_daily",
                                register_as=RegisterAs("m_daily", ("k",)))
         identity = RunIdentity("materialize_fault_daily", f"run-{self.runs}")

@@ -29,7 +29,6 @@ from iox_planner.ingest.write import write_line_protocol
 
 PAUSE = "publish.before_write"
 SWAPPED = "was moved or replaced"
-DAGS = Path(__file__).resolve().parents[2] / "dags"
 DRIVER = Path(__file__).resolve().parent / "commit_driver.py"
 DAY = 86_400_000_000_000
 ROLLUP = ("SELECT k, date_trunc('day', time) AS time, count(*) AS samples, max(v) AS vmax FROM m "
@@ -109,11 +108,11 @@ def test_query_output_folder_swapped_while_writing(fw: FaultWorld, spark: object
 def _prepare(fw: FaultWorld, db: str, output: Path, fmt: str, register: bool, run_id: str) -> dict[str, Any]:
     """Plan a DAG run and execute its Spark job here (the shared session), as the commit task finds them; returns
     the commit's spec for commit_driver.py."""
-    if str(DAGS) not in sys.path:
-        sys.path.append(str(DAGS))
-    from iox_airflow.query_request import QueryRequest, RegisterAs, ResultFormat
-    from iox_airflow.runs import RunIdentity, Staging, plan, spark_format
-    from iox_airflow.settings import AirflowSettings
+    from iox_planner.output import OutputFormat
+    from iox_planner.runs.planning import plan, spark_format
+    from iox_planner.runs.request import QueryRequest, RegisterAs
+    from iox_planner.runs.settings import AirflowSettings
+    from iox_planner.runs.staging import RunIdentity, Staging
 
     from iox_planner.catalog.publications import CatalogLedger
     from iox_planner.cli import runner
@@ -125,7 +124,7 @@ def _prepare(fw: FaultWorld, db: str, output: Path, fmt: str, register: bool, ru
          "time_start": DAY0 if register else None, "time_end": DAY0 + DAY if register else None,
          "definition": "race_daily" if register else None, "register_table": "m_daily" if register else None,
          "register_tags": ["k"]}
-    request = QueryRequest(db=db, sql=r["sql"], output=output, format=ResultFormat(fmt), time_start=r["time_start"],
+    request = QueryRequest(db=db, sql=r["sql"], output=output, format=OutputFormat(fmt), time_start=r["time_start"],
                            time_end=r["time_end"], definition=r["definition"],
                            register_as=RegisterAs("m_daily", ("k",)) if register else None)
     identity = RunIdentity("race_dag", run_id)

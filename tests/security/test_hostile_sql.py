@@ -602,7 +602,7 @@ SPARK_ERRORS = [
 def test_a_spark_error_keeps_its_class_and_drops_the_plan(spark: Any, catalog: Any, h2o_db: str) -> None:
     from iox_planner.cli import runner
     from iox_planner.catalog.store import CatalogSource
-    from iox_planner.output.formats import OutputFormat
+    from iox_planner.output import OutputFormat
 
     for sql, error_class in SPARK_ERRORS:
         plan = plan_query(sql, CatalogSource(catalog, h2o_db))

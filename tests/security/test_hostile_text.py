@@ -190,8 +190,6 @@ def test_errors_quote_user_text_as_written(hostile: Hostile) -> None:
 
 def test_materialized_status_shows_a_failure_quoting_user_text(hostile: Hostile, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from iox_planner.config import project_root
-
     env = {"IOX_MATERIALIZED_DIR": str(tmp_path / "defs"), "IOX_OUTPUT_ROOT": str(tmp_path / "out")}
     (tmp_path / "defs").mkdir()
     (tmp_path / "out").mkdir()
@@ -202,18 +200,17 @@ def test_materialized_status_shows_a_failure_quoting_user_text(hostile: Hostile,
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     # A scheduled run of it fails while planning (no Spark), the way a materialize run records it.
-    dags = str(project_root() / "dags")
-    if dags not in sys.path:
-        sys.path.append(dags)
-    from iox_airflow import refresh
-    from iox_airflow.definitions import load_definitions
-    from iox_airflow.settings import AirflowSettings
+    from iox_planner.cli.runner import run_staged_in_process
+    from iox_planner.runs import refresh
+    from iox_planner.runs.definitions import load_definitions
+    from iox_planner.runs.settings import AirflowSettings
+    from iox_planner.runs.staging import RunIdentity
 
     settings = AirflowSettings.from_env()
     definition = refresh.pick(load_definitions(settings.materialized_dir), "hostile")
     result = refresh.refresh_interval(definition, T0, T0 + 3600 * 10**9,
-                                      refresh.RunIdentity("materialize_hostile", "scheduled__hostile"), settings,
-                                      executor="in-process")
+                                      RunIdentity("materialize_hostile", "scheduled__hostile"), settings,
+                                      run_spark=run_staged_in_process)
     assert not result.ok and "[red]x[/]" in str(result.error)
     status = run_cli("materialized", "status", env=env)
     assert status.returncode == 0, status.stderr

@@ -437,7 +437,7 @@ def test_swap_racing_a_write_a_persist_a_query_and_a_second_compactor(spark: Any
     second = early["second"]
     assert not second.compacted and "another compaction" in (second.outcomes[0].skipped or "")
     from iox_planner.cli import runner
-    from iox_planner.output.formats import OutputFormat
+    from iox_planner.output import OutputFormat
     import io
     import json
 

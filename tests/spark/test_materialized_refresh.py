@@ -7,7 +7,6 @@ tests/airflow/test_airflow_refresh.py."""
 from __future__ import annotations
 
 import json
-import sys
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -20,7 +19,6 @@ from helpers import live_chunks
 
 from iox_planner.catalog.store import Catalog
 from iox_planner.cli.main import main
-from iox_planner.config import project_root
 from iox_planner.maintenance import persist
 from iox_planner.ingest import write as ingest
 
@@ -97,22 +95,21 @@ def setup(tmp_path: Path, catalog: Catalog, db: str, spark: object,
     monkeypatch.delenv("IOX_OUTPUT_ROOTS", raising=False)
     monkeypatch.setenv("IOX_MATERIALIZED_DIR", str(tmp_path / "defs"))
     monkeypatch.delenv("IOX_RUNNER", raising=False)
-    dags = str(project_root() / "dags")
-    if dags not in sys.path:
-        sys.path.append(dags)
     yield {"names": definitions(tmp_path / "defs", db, suffix), "out": out}
 
 
 def materialize(name: str, start: int, end: int) -> None:
     """One interval the way a materialize run computes it (plan and commit steps of runs.py), Spark in-process."""
-    from iox_airflow import refresh
-    from iox_airflow.definitions import load_definitions
-    from iox_airflow.settings import AirflowSettings
+    from iox_planner.cli.runner import run_staged_in_process
+    from iox_planner.runs import refresh
+    from iox_planner.runs.definitions import load_definitions
+    from iox_planner.runs.settings import AirflowSettings
+    from iox_planner.runs.staging import RunIdentity
 
     settings = AirflowSettings.from_env()
     definition = refresh.pick(load_definitions(settings.materialized_dir), name)
-    run = refresh.RunIdentity(f"materialize_{name}", f"scheduled__{start}")
-    result = refresh.refresh_interval(definition, start, end, run, settings, executor="in-process")
+    run = RunIdentity(f"materialize_{name}", f"scheduled__{start}")
+    result = refresh.refresh_interval(definition, start, end, run, settings, run_spark=run_staged_in_process)
     assert result.ok, result.error
 
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
 
-from iox_planner.catalog.schema import query_runs, run_locks
+from iox_planner.catalog.schema import databases, query_runs, run_locks, tables, write_events
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError, CatalogError
 from iox_planner.model import RunKey
@@ -126,6 +127,37 @@ def get_run(catalog: Catalog, run: int) -> dict[str, Any] | None:
     with catalog.engine.connect() as conn:
         row = conn.execute(sa.select(query_runs).where(query_runs.c.id == run)).mappings().one_or_none()
     return dict(row) if row is not None else None
+
+
+@dataclass(frozen=True)
+class TableOrigin:
+    """Who wrote a table, as the catalog recorded it."""
+
+    exists: bool
+    ingested: tuple[str, ...]
+    """The write log's sources other than registrations that added data to it (`write`, `load`)."""
+    registered_by: tuple[str, ...]
+    """The materialized queries whose succeeded runs registered their result as it (`register_as` in the run's
+    params), in name order."""
+
+
+def table_origin(catalog: Catalog, db: str, table: str) -> TableOrigin:
+    """Who wrote table `table` of database `db`: ingest (the write log, catalog/freshness.py), materialized
+    queries' registrations (their runs' params), or nobody yet."""
+    with catalog.engine.connect() as conn:
+        db_id = conn.execute(sa.select(databases.c.id).where(databases.c.name == db)).scalar_one_or_none()
+        exists = db_id is not None and conn.execute(sa.select(tables.c.id).where(
+            tables.c.database_id == db_id, tables.c.name == table)).first() is not None
+        if not exists:
+            return TableOrigin(False, (), ())
+        ingested = conn.execute(sa.select(write_events.c.source).distinct().where(
+            write_events.c.database_id == db_id, write_events.c.table_name == table,
+            write_events.c.source != "register").order_by(write_events.c.source)).scalars().all()
+        registered_by = conn.execute(sa.select(query_runs.c.definition).distinct().where(
+            query_runs.c.status == RunStatus.SUCCESS.value, query_runs.c.definition.is_not(None),
+            query_runs.c.params.contains({"register_as": {"db": db, "table": table}}),
+        ).order_by(query_runs.c.definition)).scalars().all()
+    return TableOrigin(True, tuple(ingested), tuple(registered_by))
 
 
 def _jsonable(value: Mapping[str, Any]) -> dict[str, Any]:

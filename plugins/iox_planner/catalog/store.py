@@ -403,6 +403,14 @@ def drop_database(catalog: Catalog, name: str, warehouse_root: Path) -> int:
     return db_id
 
 
+def open_catalog() -> Catalog:
+    """The configured catalog, its schema brought up to date: what a run step or a refresh starts from. The caller
+    disposes of it."""
+    catalog = Catalog()
+    catalog.require_schema()
+    return catalog
+
+
 def chunk_from_row(row: ChunkRow, table_columns: Mapping[str, ColumnType]) -> Chunk:
     """The planner's view of a catalog chunk."""
     return Chunk(

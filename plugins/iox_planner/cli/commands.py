@@ -65,7 +65,7 @@ def query(args: argparse.Namespace, console: Any) -> int:
     import sys
     from pathlib import Path
 
-    from iox_planner.output.formats import OutputFormat
+    from iox_planner.output import OutputFormat
     from iox_planner.cli.runner import run
     from iox_planner.sparkconf import query_timeout_s
 

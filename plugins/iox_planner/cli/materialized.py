@@ -1,7 +1,7 @@
 """`iox-batch materialized status|refresh`: which materialized intervals are stale because data arrived after they
 ran, and recomputing exactly those by hand (no scheduler needed). The definitions and the refresh steps are the
-DAGs' own (`dags/iox_airflow/definitions.py`, `refresh.py`), imported from the project's dags/ folder, so the CLI
-and `iox_refresh` cannot drift apart."""
+run domain's (`iox_planner.runs.definitions`, `refresh`), the same ones `iox_refresh` calls, so the CLI and the DAG
+cannot drift apart; the CLI only chooses how Spark runs (IOX_RUNNER, cli/runner.py `staged_runner`)."""
 
 from __future__ import annotations
 
@@ -13,37 +13,29 @@ import socket
 import sys
 from typing import Any
 
-from iox_planner.config import project_root
 from iox_planner.errors import BadInputError
+from iox_planner.runs import refresh as refresh_mod
+from iox_planner.runs.definitions import MaterializedQuery, load_definitions
+from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.staging import RunIdentity
 from iox_planner.timeutil import format_time, parse_time
 
 
-def _airflow_side() -> tuple[Any, Any, Any]:
-    """The definitions, settings and refresh modules of dags/iox_airflow (plain Python: no Airflow import)."""
-    dags = str(project_root() / "dags")
-    if dags not in sys.path:
-        sys.path.append(dags)
-    from iox_airflow import definitions, refresh, settings  # type: ignore[import-not-found]  # dags/, not installed
-
-    return definitions, refresh, settings.AirflowSettings.from_env()
-
-
-def _definitions(name: str | None) -> tuple[list[Any], Any, Any]:
-    definitions, refresh, settings = _airflow_side()
-    found = definitions.load_definitions(settings.materialized_dir)
+def _definitions(name: str | None) -> list[MaterializedQuery]:
+    found = load_definitions(AirflowSettings.from_env().materialized_dir)
     if name is not None:
-        found = [refresh.pick(found, name)]
-    return found, refresh, settings
+        found = [refresh_mod.pick(found, name)]
+    return found
 
 
 def status(args: argparse.Namespace, console: Any) -> int:
     from iox_planner.catalog.store import Catalog
 
-    chosen, refresh, _ = _definitions(args.name)
+    chosen = _definitions(args.name)
     catalog = Catalog()
     catalog.require_schema()
     try:
-        report = [refresh.status(catalog, d) for d in chosen]
+        report = [refresh_mod.status(catalog, d) for d in chosen]
     finally:
         catalog.dispose()
     if args.format == "json":
@@ -71,8 +63,8 @@ def status(args: argparse.Namespace, console: Any) -> int:
 def refresh(args: argparse.Namespace, console: Any) -> int:
     from iox_planner.catalog.store import Catalog
 
-    definitions, refresh_mod, settings = _airflow_side()
-    every = definitions.load_definitions(settings.materialized_dir)
+    settings = AirflowSettings.from_env()
+    every = load_definitions(settings.materialized_dir)
     refresh_mod.pick(every, args.name)
     lo = parse_time(args.from_, what="--from") if args.from_ else None
     hi = parse_time(args.to, what="--to") if args.to else None
@@ -84,7 +76,7 @@ def refresh(args: argparse.Namespace, console: Any) -> int:
     chain = refresh_mod.with_dependants(every, args.name)
     catalog = Catalog()
     catalog.require_schema()
-    executor = os.environ.get("IOX_RUNNER", "in-process")
+    run_spark: refresh_mod.RunSpark | None = None  # chosen at the first interval to run (IOX_RUNNER)
     who = f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
     failed = refreshed = 0
     try:
@@ -99,10 +91,13 @@ def refresh(args: argparse.Namespace, console: Any) -> int:
                     if args.dry_run:
                         console.print(f"would refresh {definition.name} {when}: {'; '.join(state.reasons)}")
                         continue
-                    run = refresh_mod.RunIdentity(
-                        "iox-batch", f"refresh:{definition.name}:{format_time(state.start)}:{who}")
+                    if run_spark is None:
+                        from iox_planner.cli.runner import staged_runner
+
+                        run_spark = staged_runner()
+                    run = RunIdentity("iox-batch", f"refresh:{definition.name}:{format_time(state.start)}:{who}")
                     result = refresh_mod.refresh_interval(definition, state.start, state.end, run, settings,
-                                                          executor=executor)
+                                                          run_spark=run_spark)
                     console.print(refresh_mod.describe(result))
                     refreshed += result.ok
                     failed += not result.ok

@@ -9,14 +9,20 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from iox_planner.config import env_int, warehouse
 from iox_planner.errors import BadInputError
-from iox_planner.output.formats import OutputFormat, finish_columns, print_table, write_text_output
+from iox_planner.output import OutputFormat
+from iox_planner.output.formats import finish_columns, print_table, write_text_output
 from iox_planner.planner.nodes import QueryPlan
 from iox_planner.planner.serde import plan_to_json
 from iox_planner.sparkconf import TIMEOUT_ARG, query_timeout_s, run_submit, spark_master, spark_submit_command
+
+if TYPE_CHECKING:
+    from iox_planner.runs.planning import PlanOutcome
+    from iox_planner.runs.refresh import RunSpark
+    from iox_planner.runs.request import QueryRequest
 
 _SESSION: Any = None
 
@@ -119,10 +125,11 @@ def run_spark_submit(plan: QueryPlan, fmt: OutputFormat, output: Path | None, st
         plan_file = Path(tmp) / "plan.json"
         plan_file.write_text(plan_to_json(plan))
         to_print = fmt is OutputFormat.TABLE or output is None
+        written = OutputFormat.ARROW if to_print else fmt  # a printed result comes back as Arrow, then is printed
         target = Path(tmp) / "result.arrow" if to_print else output
         assert target is not None
         max_rows, max_bytes = print_limits()
-        run_submit(run_plan_command(plan_file, "arrow" if to_print else fmt.value, target, strategy, timeout_s,
+        run_submit(run_plan_command(plan_file, written.value, target, strategy, timeout_s,
                                     max_rows + 1 if to_print else None))
         if not to_print:
             return -1
@@ -174,6 +181,40 @@ def run(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO,
         return run_spark_submit(plan, fmt, output, stdout, timeout_s=timeout_s)
     return run_in_process(plan, fmt, output, stdout, timeout_s=timeout_s)
 
+
+RUNNERS = ("in-process", "spark-submit")
+
+
+def staged_runner(name: str | None = None) -> RunSpark:
+    """How `iox-batch materialized refresh` runs a planned interval's Spark work (`refresh.RunSpark`): the runner
+    `name` (default IOX_RUNNER, else in-process) names: this process's SparkSession, or spark-submit of the run's
+    jobs as `iox_refresh` does."""
+    from iox_planner.runs.refresh import submit_jobs
+
+    chosen = name if name is not None else os.environ.get("IOX_RUNNER", "in-process")
+    if chosen == "spark-submit":
+        return submit_jobs
+    if chosen == "in-process":
+        return run_staged_in_process
+    raise BadInputError(f"unknown executor {chosen!r}; use one of {', '.join(RUNNERS)}")
+
+
+def run_staged_in_process(outcome: PlanOutcome, request: QueryRequest) -> int:
+    """The whole plan of a planned run in this process's SparkSession (`run_in_process`), within the run's budget,
+    into the staging folder the commit step reads: the result and then `metrics.json`, exactly as run_plan.py
+    leaves them. One Spark job, whatever fan-out the plan step prepared."""
+    import json
+
+    from iox_planner.planner.serde import plan_from_json
+    from iox_planner.runs.planning import spark_format
+    from iox_planner.runs.staging import Staging
+
+    staging = Staging(Path(outcome.staging))
+    fmt = spark_format(request)
+    plan = plan_from_json(staging.plan_file.read_text())
+    rows = run_in_process(plan, fmt, staging.result(fmt), sys.stdout, timeout_s=request.budget_s())
+    staging.metrics.write_text(json.dumps({"rows": rows}))
+    return 1
 
 
 def bulk_load(catalog: Any, db: str, source: str, precision: Any, accept_partial: bool,

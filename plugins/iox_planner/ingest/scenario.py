@@ -52,29 +52,60 @@ def _where(event: Any) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
 
 
-class _ScenarioLoader(yaml.SafeLoader):
-    """yaml's SafeLoader without anchors and aliases (a scenario needs none; expanded aliases are how a
-    'billion laughs' file of a few hundred bytes becomes gigabytes) and with a bound on nesting depth."""
+class _NoAliasLoader(yaml.SafeLoader):
+    """yaml's SafeLoader without anchors and aliases (expanded aliases are how a 'billion laughs' file of a few
+    hundred bytes becomes gigabytes) and with a bound on nesting depth. `what` names the kind of file in errors."""
+
+    def __init__(self, stream: str, what: str, max_depth: int, depth_note: str) -> None:
+        super().__init__(stream)
+        self._what, self._max_depth, self._depth_note, self._depth = what, max_depth, depth_note, 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()  # type: ignore[no-untyped-call]
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             raise BadInputError(
                 f"{_where(event)}YAML anchors and aliases (&name, *name) are not "
-                "allowed in scenario files; write each value out"
+                f"allowed in {self._what}s; write each value out"
             )
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            self._depth = getattr(self, "_depth", 0) + 1
-            if self._depth > limit("IOX_SCENARIO_MAX_DEPTH"):
-                raise BadInputError(
-                    f"{_where(event)}nested deeper than "
-                    f"{limit('IOX_SCENARIO_MAX_DEPTH')} levels (IOX_SCENARIO_MAX_DEPTH); a scenario needs 4"
-                )
+            self._depth += 1
+            if self._depth > self._max_depth:
+                raise BadInputError(f"{_where(event)}nested deeper than {self._max_depth} levels {self._depth_note}")
             try:
                 return super().compose_node(parent, index)
             finally:
                 self._depth -= 1
         return super().compose_node(parent, index)
+
+
+def read_yaml(path: str | Path, what: str, *, max_bytes: int, size_note: str, max_depth: int,
+              depth_note: str) -> Any:
+    """A YAML file that is hostile input (scenario files, materialized definitions): at most `max_bytes` read
+    (whatever the file, a FIFO or /dev/zero, holds), UTF-8, plain YAML types only, no anchors or aliases,
+    collections nested at most `max_depth` deep. Every error is one paragraph starting with `what` and the path;
+    `size_note` and `depth_note` end the errors of the two limits (which setting raises them, say)."""
+    name = str(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise BadInputError(f"{what} {name} is larger than {max_bytes} bytes {size_note}")
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
+        raise BadInputError(f"cannot read {what} {name}: {reason}") from err
+    loader = _NoAliasLoader(text, what, max_depth, depth_note)
+    try:
+        return loader.get_single_data()
+    except BadInputError as err:
+        raise BadInputError(f"{what} {name}: {err}") from err
+    except yaml.MarkedYAMLError as err:
+        where = f" at line {err.problem_mark.line + 1}, column {err.problem_mark.column + 1}" if err.problem_mark else ""
+        raise BadInputError(f"{what} {name} is not valid YAML{where}: {err.problem or err.context}") from err
+    except (yaml.YAMLError, RecursionError, ValueError) as err:  # ValueError: e.g. an int of 5,000 digits
+        raise BadInputError(f"{what} {name} is not valid YAML ({type(err).__name__})") from err
+    finally:
+        loader.dispose()
 
 
 _LINE_KEYS = {"id", "kind", "order", "store", "sort_key", "lines"}
@@ -128,28 +159,11 @@ def _fail(where: str, message: str) -> BadInputError:
 
 def read_scenario(path: str | Path) -> Scenario:
     """Parse and validate a scenario file (no catalog needed)."""
-    name = str(path)
-    cap = limit("IOX_SCENARIO_MAX_BYTES")
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(cap + 1)  # never more than the cap, whatever the file (or a FIFO, /dev/zero) holds
-        if len(raw) > cap:
-            raise BadInputError(f"scenario file {name} is larger than {cap} bytes (IOX_SCENARIO_MAX_BYTES); split "
-                                "it or raise the limit")
-        text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
-        raise BadInputError(f"cannot read scenario file {name}: {reason}") from err
-    try:
-        doc = yaml.load(text, Loader=_ScenarioLoader)  # noqa: S506 - a SafeLoader subclass
-    except BadInputError as err:
-        raise BadInputError(f"scenario file {name}: {err}") from err
-    except yaml.MarkedYAMLError as err:
-        where = f" at line {err.problem_mark.line + 1}, column {err.problem_mark.column + 1}" if err.problem_mark else ""
-        raise BadInputError(f"scenario file {name} is not valid YAML{where}: {err.problem or err.context}") from err
-    except (yaml.YAMLError, RecursionError, ValueError) as err:  # ValueError: e.g. an int of 5,000 digits
-        raise BadInputError(f"scenario file {name} is not valid YAML ({type(err).__name__})") from err
-    return parse_scenario(doc, name)
+    doc = read_yaml(path, "scenario file", max_bytes=limit("IOX_SCENARIO_MAX_BYTES"),
+                    size_note="(IOX_SCENARIO_MAX_BYTES); split it or raise the limit",
+                    max_depth=limit("IOX_SCENARIO_MAX_DEPTH"),
+                    depth_note="(IOX_SCENARIO_MAX_DEPTH); a scenario needs 4")
+    return parse_scenario(doc, str(path))
 
 
 def parse_scenario(doc: Any, name: str = "scenario") -> Scenario:

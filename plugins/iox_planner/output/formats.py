@@ -1,5 +1,5 @@
-"""Results at the edge: RFC 3339 text for timestamps (nanoseconds where the table's `time` passes through),
-the four output formats (publication itself is publish.py's)."""
+"""Results at the edge: RFC 3339 text for timestamps (nanoseconds where the table's `time` passes through), and
+writing the output formats (`OutputFormat`, in output/__init__.py; publication itself is publish.py's)."""
 
 from __future__ import annotations
 
@@ -7,24 +7,16 @@ import csv
 import datetime as dt
 import decimal
 import json
-from enum import Enum
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 import pyarrow as pa
 
 from iox_planner.errors import BadInputError
+from iox_planner.output import OutputFormat
 from iox_planner.output.publish import staged_file
 from iox_planner.model import NS_PREFIX
 from iox_planner.timeutil import format_time
-
-
-
-class OutputFormat(str, Enum):
-    TABLE = "table"
-    CSV = "csv"
-    JSONL = "jsonl"
-    PARQUET = "parquet"
 
 
 def finish_columns(table: pa.Table) -> tuple[pa.Table, set[str]]:

@@ -9,19 +9,19 @@ sql: |                            # any SELECT; the run's data interval is appli
   SELECT hostname, date_trunc('hour', time) AS time, avg(usage_user) AS usage_user
   FROM cpu GROUP BY hostname, date_trunc('hour', time)
 args: {}                          # optional bound parameters (:name in the SQL)
-schedule: "@hourly"               # a cron expression or preset; each run covers one interval [start, end)
+schedule: "@hourly"               # a five-field cron expression or preset; each run covers one interval [start, end)
 start_date: 2024-01-01            # UTC; a date or an RFC 3339 time
 end_date: null                    # optional
 catchup: false                    # optional, default false
-output: cpu_hourly/{start:%Y-%m-%dT%H}.parquet   # per interval: {start}, {end} (UTC datetimes), {name};
-                                  # relative paths live under IOX_OUTPUT_ROOT; must use {start}
+output: cpu_hourly/{start:%Y-%m-%dT%H}.parquet   # per interval: {start}, {end} (UTC datetimes, with a strftime
+                                  # pattern), {name}; relative paths live under IOX_OUTPUT_ROOT; must use {start}
 format: parquet                   # parquet (a folder, default), csv or jsonl (a file)
 register_as:                      # optional: also write the result as a catalog table
-  table: cpu_hourly               # in `db` unless `db:` is given here
+  table: cpu_hourly               # in `db` unless `db:` is given here; new, or registered by this definition
   tags: [hostname]                # the result's columns that are tags; `time` is required; the rest are fields
-max_spark_jobs: 2                 # optional fan-out override (IOX_MAX_SPARK_JOBS)
+max_spark_jobs: 2                 # optional fan-out override, 1 to 1,024 (IOX_MAX_SPARK_JOBS)
 timeout_s: 1800                   # optional wall-time budget of each Spark job, seconds (IOX_QUERY_TIMEOUT_S)
-retries: 1                        # optional Spark task retries (IOX_SPARK_RETRIES)
+retries: 1                        # optional Spark task retries, 0 to 10 (IOX_SPARK_RETRIES)
 paused: true                      # optional: the DAG starts paused (false: not; absent: Airflow's default)
 tags: [rollup]                    # optional Airflow tags
 ```
@@ -36,18 +36,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
-from iox_planner.catalog.names import check_db_name
+from iox_planner.catalog.names import check_db_name, name_problem
 from iox_planner.errors import BadInputError
+from iox_planner.ingest.scenario import read_yaml
+from iox_planner.output import OutputFormat
 from iox_planner.sparkconf import query_timeout_s
 from iox_planner.timeutil import parse_time
 
-from iox_airflow.query_request import QueryRequest, RegisterAs, ResultFormat
-from iox_airflow.settings import AirflowSettings
+from iox_planner.runs.request import QueryRequest, RegisterAs, check_args, run_format
+from iox_planner.runs.settings import AirflowSettings
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 TEMPLATE_FIELDS = frozenset({"start", "end", "name"})
+MAX_TEMPLATE_CHARS = 1024
+"""An output template's length: a path (each name below the root is at most 200 characters, OUTPUT_NAME)."""
+MAX_DEFINITION_BYTES = 2 * 1024 * 1024
+"""A definition file's size: one query (IOX_MAX_SQL_BYTES, 1 MiB by default) and its settings. Read no further:
+the DAG files read every definition at every parse."""
+MAX_DEFINITION_DEPTH = 4
+"""Nesting of YAML collections in a definition file (it needs 3: the file, `register_as`, its `tags`)."""
+MAX_SPARK_JOBS = 1024
+"""The most Spark jobs one run may fan out into: Airflow maps at most 1,024 task instances by default
+(`[core] max_map_length`), and a plan splits into no more parts than it has overlap groups anyway."""
+MAX_RETRIES = 10
+"""The most retries of a run's Spark tasks: each reruns the whole job; beyond a few, a failure is not transient."""
 KEYS = frozenset({
     "name", "description", "db", "sql", "args", "schedule", "start_date", "end_date", "catchup", "output",
     "format", "register_as", "max_spark_jobs", "retries", "paused", "tags", "timeout_s",
@@ -66,7 +78,7 @@ class MaterializedQuery:
     schedule: str
     start_date: dt.datetime
     output: str
-    format: ResultFormat = ResultFormat.PARQUET
+    format: OutputFormat = OutputFormat.PARQUET
     catchup: bool = False
     end_date: dt.datetime | None = None
     args: Mapping[str, Any] = field(default_factory=dict)
@@ -139,10 +151,12 @@ def load_definitions(folder: Path) -> list[MaterializedQuery]:
 
 
 def read_definition(path: Path) -> MaterializedQuery:
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise BadInputError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from err
+    """One definition file, read as scenario files are (ingest/scenario.py `read_yaml`): bounded in size and
+    nesting, plain YAML types only, no anchors or aliases (a few hundred bytes of aliases expand to gigabytes, at
+    every DAG parse)."""
+    doc = read_yaml(path, "materialized query definition", max_bytes=MAX_DEFINITION_BYTES,
+                    size_note="; a definition holds one query and its settings", max_depth=MAX_DEFINITION_DEPTH,
+                    depth_note=f"; a definition needs {MAX_DEFINITION_DEPTH - 1}")
     return parse_definition(doc, str(path))
 
 
@@ -181,15 +195,16 @@ def parse_definition(doc: Any, source: str) -> MaterializedQuery:
         raise fail("output", "must be a path template such as cpu_hourly/{start:%Y-%m-%dT%H}.parquet")
     _check_template(output, fail)
     try:
-        fmt = ResultFormat.parse(doc.get("format", "parquet"))
+        fmt = run_format(doc.get("format", "parquet"))
     except BadInputError as err:
         raise fail("format", str(err)) from err
     args = doc.get("args") or {}
     if not isinstance(args, Mapping):
         raise fail("args", "must be a mapping of bound parameters (name: value)")
-    for key, value in args.items():
-        if value is not None and not isinstance(value, (str, int, float, bool)):
-            raise fail("args", f"{key}: must be a string, number, boolean or null")
+    try:
+        check_args(args)
+    except BadInputError as err:
+        raise fail("args", str(err)) from err
     catchup = doc.get("catchup", False)
     paused = doc.get("paused")
     for key, value in (("catchup", catchup), ("paused", paused)):
@@ -198,9 +213,9 @@ def parse_definition(doc: Any, source: str) -> MaterializedQuery:
     return MaterializedQuery(
         name=name, db=db, sql=sql, schedule=schedule, start_date=start_date, end_date=end_date, output=output,
         format=fmt, catchup=catchup, args=dict(args), register_as=_register_as(doc.get("register_as"), fail),
-        max_spark_jobs=_count(doc.get("max_spark_jobs"), "max_spark_jobs", 1, fail),
+        max_spark_jobs=_count(doc.get("max_spark_jobs"), "max_spark_jobs", 1, MAX_SPARK_JOBS, fail),
         timeout_s=_timeout(doc.get("timeout_s"), fail),
-        retries=_count(doc.get("retries"), "retries", 0, fail), paused=paused,
+        retries=_count(doc.get("retries"), "retries", 0, MAX_RETRIES, fail), paused=paused,
         description=str(doc.get("description") or ""), tags=_tags(doc.get("tags"), fail), source=source,
     )
 
@@ -211,9 +226,12 @@ def _schedule(value: Any, fail: Any) -> str:
     text = str(value).strip()
     if text in _PRESETS:
         return text
-    if not croniter.is_valid(text):
-        raise fail("schedule", f"{text!r} is not a cron expression or preset (@hourly, @daily, @weekly, "
-                               "@monthly, @yearly, or e.g. '*/15 * * * *'); materialized queries run on a schedule")
+    # Five fields: minute, hour, day of month, month, day of week. croniter also reads a sixth (seconds) and a
+    # seventh (year); a schedule of seconds would start a run every second, so neither is a schedule here.
+    if len(text.split()) != 5 or not croniter.is_valid(text):
+        raise fail("schedule", f"{text[:80]!r} is not a cron expression of five fields (minute hour day month "
+                               "weekday; once a minute at most) or a preset (@hourly, @daily, @weekly, @monthly, "
+                               "@yearly), e.g. '*/15 * * * *'; materialized queries run on a schedule")
     return text
 
 
@@ -230,15 +248,35 @@ def _when(value: Any, key: str, fail: Any) -> dt.datetime:
 
 
 def _check_template(template: str, fail: Any) -> None:
+    """`{start}`, `{end}` and `{name}` as plain fields, `start` and `end` with a strftime pattern (`{start:%Y-%m}`)
+    and nothing else: no attribute or index access, no conversion (`!r`), no format spec on `name` (`{name:>9999}`
+    would pad to any size) and no nested field in a pattern. The template is bounded in length, and a strftime
+    pattern renders to at most a few hundred times its own length."""
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise fail("output", f"the template is {len(template):,} characters long; an output path template holds at "
+                             f"most {MAX_TEMPLATE_CHARS:,}")
     try:
-        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        parts = list(string.Formatter().parse(template))
     except ValueError as err:
         raise fail("output", f"{template!r} is not a valid template: {err}") from err
-    unknown = sorted(f for f in fields if f.split(".")[0].split("[")[0] not in TEMPLATE_FIELDS)
+    fields = {name for _, name, _, _ in parts if name is not None}
+    unknown = sorted(f for f in fields if f not in TEMPLATE_FIELDS)
     if unknown:
         raise fail("output", f"unknown field(s) {', '.join('{' + f + '}' for f in unknown)}; use {{start}}, "
                              "{end} and {name}, e.g. {start:%Y-%m-%dT%H}")
-    if not any(f.startswith("start") for f in fields):
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if conversion is not None:
+            raise fail("output", f"{{{name}!{conversion}}}: a conversion is not allowed in an output template; write "
+                                 f"{{{name}}}")
+        if spec and name not in ("start", "end"):
+            raise fail("output", f"{{{name}:...}}: only {{start}} and {{end}} take a pattern (strftime, as in "
+                                 f"{{start:%Y-%m-%d}}); write {{{name}}}")
+        if spec and ("{" in spec or "}" in spec):
+            raise fail("output", f"{{{name}:...}}: a pattern may not hold another field; write the strftime pattern "
+                                 "out, as in {start:%Y-%m-%d}")
+    if "start" not in fields:
         raise fail("output", "must use {start} (e.g. {start:%Y-%m-%d}) so that each interval has its own output; "
                              "a rerun then replaces exactly its interval's output")
     try:
@@ -257,14 +295,21 @@ def _register_as(value: Any, fail: Any) -> RegisterAs | None:
     unknown = sorted(set(value) - {"table", "tags", "db"})
     if unknown:
         raise fail("register_as", f"unknown key(s) {', '.join(unknown)}; allowed: table, tags, db")
-    table = str(value["table"])
-    if table.startswith("__") or not table.strip():
-        raise fail("register_as", f"table name {table!r} is not allowed")
+    table = value["table"]
+    if not isinstance(table, str):
+        raise fail("register_as", f"`table` must be a table name, not {type(table).__name__}")
+    problem = name_problem("measurement", table)  # the rule every write's table names follow
+    if problem is not None:
+        raise fail("register_as", f"table: {problem}")
     tags = value.get("tags") or []
     if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
         raise fail("register_as", "`tags` must be a list of column names")
     if "time" in tags:
         raise fail("register_as", "`time` cannot be a tag")
+    for tag in tags:
+        problem = name_problem("tag", tag)
+        if problem is not None:
+            raise fail("register_as", f"tags: {problem}")
     db = value.get("db")
     if db is not None:
         try:
@@ -274,11 +319,11 @@ def _register_as(value: Any, fail: Any) -> RegisterAs | None:
     return RegisterAs(table=table, tags=tuple(tags), db=str(db) if db is not None else None)
 
 
-def _count(value: Any, key: str, low: int, fail: Any) -> int | None:
+def _count(value: Any, key: str, low: int, high: int, fail: Any) -> int | None:
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise fail(key, f"must be a whole number of at least {low}, not {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise fail(key, f"must be a whole number from {low} to {high:,}, not {value!r}")
     return value
 
 

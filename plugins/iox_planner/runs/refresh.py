@@ -6,9 +6,10 @@ the `iox_refresh` DAG share. No Airflow import: plain functions of definitions a
 - `refresh_levels`: definitions in refresh order. A definition that reads another's `register_as` table comes
   after it (its intervals go stale when that table's intervals are re-registered), so a chain refreshes parents
   first; definitions in one level are independent.
-- `refresh_interval`: one interval through the same plan and commit steps as a materialize run (runs.py): run
-  lock, atomic publication, `register_as` replacing the interval, and what it read recorded in the publishing
-  transaction. A failure publishes nothing, so the old output and its stale mark stay.
+- `refresh_interval`: one interval through the same plan and commit steps as a materialize run (planning.py,
+  commit.py): run lock, atomic publication, `register_as` replacing the interval, and what it read recorded in the
+  publishing transaction. A failure publishes nothing, so the old output and its stale mark stay. Its Spark work
+  runs through the callable the caller passes (`RunSpark`): this module starts no Spark itself.
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from iox_planner.errors import BadInputError, IoxError
+from iox_planner.errors import BadInputError, IoxError, RunFailed
 from iox_planner.timeutil import format_time
 
-from iox_airflow.definitions import MaterializedQuery, to_ns
-from iox_airflow.runs import RunFailed, RunIdentity
-from iox_airflow.settings import AirflowSettings
+from iox_planner.runs.definitions import MaterializedQuery, to_ns
+from iox_planner.runs.planning import PARTS_JOB, PlanOutcome
+from iox_planner.runs.request import QueryRequest
+from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.staging import RunIdentity
 
 MAX_SCHEDULED = 1_000_000  # intervals one status walks through, at most (a minutely schedule over two years)
-EXECUTORS = ("in-process", "spark-submit")
 
 
 @dataclass(frozen=True)
@@ -68,14 +70,6 @@ class DefinitionStatus:
             out["never_run"] = [{"start": format_time(a), "end": format_time(b), "intervals": n}
                                 for a, b, n in self.never_run]
         return out
-
-
-def _catalog() -> Any:
-    from iox_planner.catalog.store import Catalog
-
-    catalog = Catalog()
-    catalog.require_schema()
-    return catalog
 
 
 def scheduled_intervals(definition: MaterializedQuery, now: dt.datetime) -> Iterable[tuple[int, int]]:
@@ -209,48 +203,60 @@ class RefreshResult:
     ok: bool
     rows: int = 0
     spark_jobs: int = 0
+    """Spark jobs run (0 when one of them failed)."""
     error: str | None = None
     registered: dict[str, Any] | None = field(default=None)
 
 
-def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: RunIdentity,
-                     settings: AirflowSettings, *, executor: str = "spark-submit",
-                     holder_state: Callable[[str, str], str] | None = None) -> RefreshResult:
-    """Recompute [start, end) of `definition` and publish it like a materialize run would. Returns what happened;
-    a failure has been recorded (run failed, nothing published) and is in the result. `holder_state`: as for
-    `runs.plan` (in a task: `ti.get_dagrun_state`)."""
-    from iox_airflow import runs
+RunSpark = Callable[[PlanOutcome, QueryRequest], int]
+"""How a refresh runs a planned interval's Spark work: into the run's staging folder, the result and then
+`metrics.json` (as run_plan.py leaves them), returning how many Spark jobs it ran; a failure raises. The caller
+chooses: `iox_refresh` passes `submit_jobs`, `iox-batch materialized refresh` the runner IOX_RUNNER names
+(cli/runner.py `staged_runner`: in its own process by default)."""
 
-    if executor not in EXECUTORS:
-        raise BadInputError(f"unknown executor {executor!r}; use one of {', '.join(EXECUTORS)}")
+
+def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: RunIdentity,
+                     settings: AirflowSettings, *, run_spark: RunSpark,
+                     holder_state: Callable[[str, str], str] | None = None) -> RefreshResult:
+    """Recompute [start, end) of `definition` and publish it like a materialize run would, its Spark work run by
+    `run_spark`. Returns what happened; a failure has been recorded (run failed, nothing published) and is in the
+    result. `holder_state`: as for `planning.plan` (in a task: `ti.get_dagrun_state`)."""
+    from iox_planner.runs.commit import commit
+    from iox_planner.runs.failure import fail
+    from iox_planner.runs.planning import plan
+
     request = definition.request(_dt(start), _dt(end), settings)
     try:
-        outcome = runs.plan(request, run, settings, holder_state=holder_state)
+        outcome = plan(request, run, settings, holder_state=holder_state)
     except RunFailed as err:
         return RefreshResult(definition.name, start, end, False, error=str(err))
-    jobs = 0
     try:
-        if executor == "in-process":
-            jobs = _run_in_process(Path(outcome.staging), runs.spark_format(request), request.budget_s())
-        else:
-            for job in outcome.jobs:
-                _spark_submit(Path(job["application"]).name, job["application_args"], bool(job.get("fast_start")))
-                jobs += 1
-            if outcome.merge:
-                _spark_submit(runs.PARTS_JOB.name, outcome.merge, outcome.merge_fast_start)
-                jobs += 1
+        jobs = run_spark(outcome, request)
     except BaseException as err:
         # Whatever stopped the job: the run is recorded failed, its lock released, its staging removed.
         reason = str(err) if isinstance(err, IoxError) else f"internal error while running Spark: {err!r}"
-        message = runs.fail(request, run, outcome.handle(), reason)
+        message = fail(request, run, outcome.handle(), reason)
         if not isinstance(err, IoxError):
             raise
-        return RefreshResult(definition.name, start, end, False, spark_jobs=jobs + 1, error=message)
+        return RefreshResult(definition.name, start, end, False, error=message)
     try:
-        done = runs.commit(request, run, outcome.handle())
+        done = commit(request, run, outcome.handle())
     except RunFailed as err:
         return RefreshResult(definition.name, start, end, False, spark_jobs=jobs, error=str(err))
     return RefreshResult(definition.name, start, end, True, done.rows, jobs, registered=done.registered)
+
+
+def submit_jobs(outcome: PlanOutcome, request: QueryRequest) -> int:
+    """A planned run's Spark jobs through spark-submit, one after the other, then its merge (when fanned out): what
+    the DAG's run and merge tasks would do, in this process's task. Each job carries the run's budget."""
+    jobs = 0
+    for job in outcome.jobs:
+        _spark_submit(Path(job["application"]).name, job["application_args"], bool(job.get("fast_start")))
+        jobs += 1
+    if outcome.merge:
+        _spark_submit(PARTS_JOB.name, outcome.merge, outcome.merge_fast_start)
+        jobs += 1
+    return jobs
 
 
 def _dt(ns: int) -> dt.datetime:
@@ -264,32 +270,6 @@ def _spark_submit(job: str, args: Sequence[str], fast_start: bool) -> None:
     from iox_planner.sparkconf import run_submit, spark_submit_command
 
     run_submit(spark_submit_command(job, list(args), fast_start=fast_start), f"spark-submit {job}")
-
-
-def _run_in_process(staging: Path, fmt: str, budget_s: int) -> int:
-    """The whole plan in this process's SparkSession (the CLI's default runner), within the run's budget, into the
-    staging folder the commit step reads: the result and then `metrics.json`, exactly as run_plan.py leaves
-    them."""
-    import json
-
-    from iox_planner.cli.runner import session
-    from iox_planner.config import warehouse
-    from iox_planner.planner.serde import plan_from_json
-    from spark_jobs.budget import query_budget
-    from spark_jobs.errors import spark_errors
-    from spark_jobs.execute import execute
-    from spark_jobs.load import write_result
-
-    from iox_airflow.runs import Staging
-
-    where = Staging(staging)
-    plan = plan_from_json(where.plan_file.read_text())
-    spark = session()
-    with spark_errors(plan), query_budget(spark, budget_s):
-        execution = execute(spark, plan, warehouse())
-        rows = write_result(execution.result, fmt, where.result(fmt), None)
-    where.metrics.write_text(json.dumps({"rows": rows}))
-    return 1
 
 
 def describe(result: RefreshResult) -> str:

@@ -3,7 +3,7 @@ definition and a data interval. No Airflow and no catalog here: building a reque
 
 from __future__ import annotations
 
-import enum
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,10 +12,11 @@ from typing import Any, Mapping
 from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
 from iox_planner.model import RunKey
+from iox_planner.output import RUN_FORMATS, OutputFormat
 from iox_planner.sparkconf import query_timeout_s
 from iox_planner.timeutil import INT64_MAX, INT64_MIN, check_range, format_time, parse_time
 
-from iox_airflow.settings import AirflowSettings
+from iox_planner.runs.settings import AirflowSettings
 
 PARAM_NAMES = ("db", "sql", "args", "time_start", "time_end", "output", "format", "timeout_s")
 
@@ -24,27 +25,30 @@ PARAM_NAMES = ("db", "sql", "args", "time_start", "time_end", "output", "format"
 OUTPUT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,=+@:-]{0,199}")
 # What the last name must end in, per format: a file that a Python site loader (`*.pth`), a shell or anything
 # else would execute cannot be named. A Parquet output is a folder: `name` or `name.parquet`.
-OUTPUT_SUFFIXES = {"csv": (".csv",), "jsonl": (".jsonl",), "parquet": ("", ".parquet")}
+OUTPUT_SUFFIXES = {OutputFormat.CSV: (".csv",), OutputFormat.JSONL: (".jsonl",), OutputFormat.PARQUET: ("", ".parquet")}
 
 
-class ResultFormat(str, enum.Enum):
-    """Output formats of the DAGs (PRODUCT.md: `table` is for terminals only)."""
+def run_format(value: object, where: str = "format") -> OutputFormat:
+    """A run's output format, from a param or a definition: one of `RUN_FORMATS`."""
+    found = next((f for f in RUN_FORMATS if f.value == value), None)
+    if found is None:
+        allowed = ", ".join(f.value for f in RUN_FORMATS)
+        raise BadInputError(f"{where} {value!r} is not an output format; use one of {allowed}")
+    return found
 
-    PARQUET = "parquet"
-    CSV = "csv"
-    JSONL = "jsonl"
 
-    @property
-    def is_folder(self) -> bool:
-        return self is ResultFormat.PARQUET
-
-    @staticmethod
-    def parse(value: object, where: str = "format") -> ResultFormat:
-        try:
-            return ResultFormat(value)
-        except ValueError:
-            allowed = ", ".join(f.value for f in ResultFormat)
-            raise BadInputError(f"{where} {value!r} is not an output format; use one of {allowed}") from None
+def check_args(args: Mapping[Any, Any]) -> None:
+    """Bound parameters (a request's `args`, a definition's): names are identifiers, values are strings, finite
+    numbers, booleans or null (NaN and infinities have no SQL literal; JSON and YAML can spell them)."""
+    for name, value in args.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise BadInputError(f"bound parameter name {name!r} is not a valid name (letters, digits, '_')")
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise BadInputError(f"bound parameter :{name} must be a string, number, boolean or null, not "
+                                f"{type(value).__name__}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BadInputError(f"bound parameter :{name} is {value!r}, which SQL has no literal for; pass a finite "
+                                "number")
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class QueryRequest:
     db: str
     sql: str
     output: Path
-    format: ResultFormat = ResultFormat.PARQUET
+    format: OutputFormat = OutputFormat.PARQUET
     args: Mapping[str, Any] = field(default_factory=dict)
     time_start: int | None = None
     time_end: int | None = None
@@ -74,6 +78,7 @@ class QueryRequest:
 
     def __post_init__(self) -> None:
         check_db_name(self.db)
+        run_format(self.format)
         if self.timeout_s is not None:
             object.__setattr__(self, "timeout_s", query_timeout_s(self.timeout_s, "timeout_s"))
         if not isinstance(self.sql, str) or not self.sql.strip():
@@ -81,12 +86,7 @@ class QueryRequest:
         if not self.output.is_absolute():
             raise BadInputError(f"output {_short(self.output)} must be an absolute path")
         check_range(self.time_start, self.time_end)
-        for name, value in self.args.items():
-            if not isinstance(name, str) or not name.isidentifier():
-                raise BadInputError(f"bound parameter name {name!r} is not a valid name (letters, digits, '_')")
-            if value is not None and not isinstance(value, (str, int, float, bool)):
-                raise BadInputError(f"bound parameter :{name} must be a string, number, boolean or null, not "
-                                    f"{type(value).__name__}")
+        check_args(self.args)
         if self.register_as is not None and self.definition is None:
             raise BadInputError("register_as is for materialized queries (it replaces an interval of a table)")
 
@@ -100,16 +100,22 @@ class QueryRequest:
         for required in ("db", "sql", "output"):
             if not params.get(required):
                 raise BadInputError(f"param {required!r} is required")
+        # Text params are text: a value of another type is refused, never turned into text (`str()` of an object
+        # would make a query of its repr).
+        for name in ("db", "sql", "output", "format", "time_start", "time_end"):
+            value = params.get(name)
+            if value is not None and not isinstance(value, str):
+                raise BadInputError(f"param {name!r} must be a string, not {type(value).__name__}")
         args = params.get("args") or {}
         if not isinstance(args, Mapping):
             raise BadInputError(f"param 'args' must be an object of bound parameters, not {type(args).__name__}")
         start = params.get("time_start")
         end = params.get("time_end")
         request = QueryRequest(
-            db=str(params["db"]),
-            sql=str(params["sql"]),
-            output=settings.resolve_output(str(params["output"])),
-            format=ResultFormat.parse(params.get("format") or "parquet", "param format"),
+            db=params["db"],
+            sql=params["sql"],
+            output=settings.resolve_output(params["output"]),
+            format=run_format(params.get("format") or "parquet", "param format"),
             args=dict(args),
             time_start=parse_time(start, what="time_start") if start else None,
             time_end=parse_time(end, what="time_end") if end else None,
@@ -136,7 +142,7 @@ class QueryRequest:
                     "digit or '_' and hold letters, digits and _ . , = + @ : - (no leading dot, no spaces)"
                 )
         suffix = "".join(resolved.suffixes[-1:])
-        allowed = OUTPUT_SUFFIXES[self.format.value]
+        allowed = OUTPUT_SUFFIXES[self.format]
         if suffix not in allowed:
             shown = " or ".join(f"'{s}'" if s else "no extension" for s in allowed)
             raise BadInputError(f"output {_short(resolved)}: a {self.format.value} output must end in {shown} "

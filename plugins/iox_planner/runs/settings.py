@@ -90,7 +90,7 @@ class AirflowSettings:
             # The first listed root is where relative paths go, unless IOX_OUTPUT_ROOT names one explicitly.
             if not env.get("IOX_OUTPUT_ROOT"):
                 values["output_root"] = listed[0]
-            values["output_roots"] = tuple(dict.fromkeys([values["output_root"], *listed]))  # type: ignore[list-item]
+            values["output_roots"] = tuple(dict.fromkeys([values["output_root"], *listed]))
         for f in fields(AirflowSettings):
             var = f"IOX_{f.name.upper()}"
             if f.name in values or var not in env or f.name == "output_roots":

@@ -1,5 +1,6 @@
-"""iox_planner.ingest.register against a real Postgres catalog and a real warehouse (no Airflow, no Spark): query-run
-records, run locks, registering a result as a catalog table, persist candidates."""
+"""The core of a materialization against a real Postgres catalog and a real warehouse (no Airflow, no Spark):
+query-run records, run locks, registering a result as a catalog table (iox_planner.ingest.register), persist
+candidates, and the run steps' publication and failure paths (iox_planner.runs)."""
 
 from __future__ import annotations
 
@@ -275,11 +276,11 @@ def test_a_failure_never_overwrites_a_succeeded_run(catalog: Catalog, db: str) -
 def test_publishing_a_staged_result_leaves_it_for_a_retry(catalog: Catalog, tmp_path: Path, fmt: str) -> None:
     """Regression: the commit step moved the staged result into place, so a commit killed after the rename but
     before its transaction committed could not be retried (no staged result left: the run was failed)."""
-    from iox_airflow.query_request import ResultFormat
-    from iox_airflow.runs import RunIdentity, Staging, _publish, _RunFiles
-
     from iox_planner.catalog.publications import CatalogLedger
+    from iox_planner.output import OutputFormat
     from iox_planner.output.publish import PinnedFolder, publishing_as
+    from iox_planner.runs.commit import _publish
+    from iox_planner.runs.staging import RunFiles, RunIdentity, Staging
 
     output = tmp_path / "out" / ("r" if fmt == "parquet" else "r.jsonl")
     output.parent.mkdir()
@@ -298,10 +299,10 @@ def test_publishing_a_staged_result_leaves_it_for_a_retry(catalog: Catalog, tmp_
         return output.read_text().splitlines()
 
     with publishing_as("core/retry", CatalogLedger(catalog)), PinnedFolder(output.parent) as folder:
-        files = _RunFiles(folder, staging)
+        files = RunFiles(folder, staging)
         try:
             for _ in range(2):  # the commit, then its retry
-                _publish(files, staged.name, output, folder, ResultFormat(fmt))
+                _publish(files, staged.name, output, folder, OutputFormat(fmt))
                 assert staged.exists() and published() in ([1, 2], ['{"x": 1}', '{"x": 2}'])
         finally:
             files.close()
@@ -313,30 +314,31 @@ def test_a_plan_killed_after_taking_the_lock_is_recorded_by_the_failure_path(cat
     """A plan task killed outright after it took the lock pushed no handle and recorded nothing. The commit task
     (trigger rule all_done) then runs the failure path without a handle: it must find the run by its DAG run's
     ids, mark it failed and free its lock, and never touch a lock another run holds."""
-    from iox_airflow import runs as steps
-    from iox_airflow.query_request import QueryRequest
-    from iox_airflow.settings import AirflowSettings
+    from iox_planner.runs.failure import fail
+    from iox_planner.runs.request import QueryRequest
+    from iox_planner.runs.settings import AirflowSettings
+    from iox_planner.runs.staging import RunIdentity, Staging
 
     settings = AirflowSettings(output_root=tmp_path, output_roots=(tmp_path,))
     request = QueryRequest.from_params({"db": db, "sql": "SELECT * FROM h2o", "output": str(tmp_path / "o.jsonl"),
                                         "format": "jsonl"}, settings)
-    killed = steps.RunIdentity("iox_query", f"killed-plan-{db}")
+    killed = RunIdentity("iox_query", f"killed-plan-{db}")
     pk = runs.start_run(catalog, database=db, params={}, dag_id=killed.dag_id, run_id=killed.run_id)
     runs.acquire_lock(catalog, request.lock_key(), killed.holder, query_run=pk, ttl_seconds=3600)
-    staging = steps.Staging.for_run(request.output, killed)
+    staging = Staging.for_run(request.output, killed)
     staging.reset()
-    message = steps.fail(request, killed, None, "task(s) plan failed")
+    message = fail(request, killed, None, "task(s) plan failed")
     assert message == "task(s) plan failed"
     found = runs.get_run(catalog, pk)
     assert found["status"] == "failed" and found["error"] == "task(s) plan failed", found
     assert runs.lock_holder(catalog, request.lock_key()) is None and not staging.root.exists()
     # A plan killed before it got the lock (another run holds it): that run keeps it, and its run stays running.
-    other = steps.RunIdentity("iox_query", f"holder-{db}")
+    other = RunIdentity("iox_query", f"holder-{db}")
     other_pk = runs.start_run(catalog, database=db, params={}, dag_id=other.dag_id, run_id=other.run_id)
     runs.acquire_lock(catalog, request.lock_key(), other.holder, query_run=other_pk, ttl_seconds=3600)
-    late = steps.RunIdentity("iox_query", f"killed-early-{db}")
+    late = RunIdentity("iox_query", f"killed-early-{db}")
     late_pk = runs.start_run(catalog, database=db, params={}, dag_id=late.dag_id, run_id=late.run_id)
-    steps.fail(request, late, None, "task(s) plan failed")
+    fail(request, late, None, "task(s) plan failed")
     assert runs.get_run(catalog, late_pk)["status"] == "failed"
     assert runs.lock_holder(catalog, request.lock_key()) == other.holder
     assert runs.get_run(catalog, other_pk)["status"] == "running"

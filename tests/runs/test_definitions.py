@@ -1,28 +1,30 @@
-"""The Airflow layer's pure parts (no Airflow run, no database): materialized definitions, requests from params,
+"""The run domain's pure parts (no Airflow, no database): materialized definitions, requests from params,
 settings, and the fan-out split of a plan."""
 
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from af_support import DAGS, DATA
-from iox_airflow.definitions import load_definitions, parse_definition
-from iox_planner.planner.fanout import split_plan
-from iox_airflow.query_request import QueryRequest, ResultFormat
-from iox_airflow.settings import AirflowSettings
 
 from iox_planner.errors import BadInputError
-from iox_planner.model import RunKey
-from iox_planner.planner import plan_query
-from iox_planner.planner.nodes import DeduplicateExec, EmptyExec
 from iox_planner.ingest.scenario import read_scenario, scenario_source
+from iox_planner.model import RunKey
+from iox_planner.output import OutputFormat
+from iox_planner.planner import plan_query
+from iox_planner.planner.fanout import split_plan
+from iox_planner.planner.nodes import DeduplicateExec, EmptyExec
+from iox_planner.runs.definitions import load_definitions, parse_definition
+from iox_planner.runs.request import QueryRequest
+from iox_planner.runs.settings import AirflowSettings
 from iox_planner.timeutil import INT64_MAX, INT64_MIN
+
+ROOT = Path(__file__).resolve().parents[2]
+DAGS = ROOT / "dags"
+DATA = ROOT / "tests" / "airflow" / "data"  # the Airflow tests' sample scenarios
 
 SETTINGS = AirflowSettings(output_root=Path("/data/out"), materialized_dir=Path("/nowhere"))
 GOOD: dict[str, Any] = {
@@ -47,7 +49,7 @@ def test_a_definition_makes_one_request_per_interval() -> None:
     request = definition.request(start, start + dt.timedelta(hours=1), SETTINGS)
     assert request.output == Path("/data/out/cpu/2024-01-02T03.parquet")
     assert (request.time_start, request.time_end) == (1704164400 * 10**9, 1704164400 * 10**9 + H)
-    assert request.format is ResultFormat.PARQUET and request.args == {"low": 5}
+    assert request.format is OutputFormat.PARQUET and request.args == {"low": 5}
     assert request.lock_key() == RunKey("cpu_hourly", request.time_start, request.time_end)
     assert request.register_as is not None and request.register_as.tags == ("host",)
     assert definition.output_pattern(SETTINGS) == Path("/data/out/cpu/*.parquet")
@@ -156,26 +158,102 @@ def test_fan_out_leaves_an_unsplittable_scan_whole() -> None:
     assert parts == [] or any(isinstance(p.children[0], EmptyExec) for p in parts)
 
 
-HOOK_MASTERS = r"""
-import os, sys
-from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from iox_airflow.spark import ensure_spark_connection
-for master in sys.argv[1:]:
-    os.environ.pop("AIRFLOW_CONN_SPARK_DEFAULT", None)
-    if master == "-":
-        os.environ.pop("IOX_SPARK_MASTER", None)
-    else:
-        os.environ["IOX_SPARK_MASTER"] = master
-    ensure_spark_connection()
-    print(SparkSubmitHook()._connection["master"])
-"""
+@pytest.mark.parametrize("field, value", [("name", "cpu\n"), ("db", "demo\n"), ("db", "de\0mo")])
+def test_definition_names_are_matched_whole(field: str, value: str) -> None:
+    doc = {"name": "cpu", "db": "demo", "sql": "SELECT 1", "schedule": "@daily", "start_date": "2024-01-01",
+           "output": "cpu/{start:%Y-%m-%d}.parquet", field: value}
+    with pytest.raises(BadInputError) as caught:
+        parse_definition(doc, "cpu.yaml")
+    assert "\n" not in str(caught.value).replace("\\n", "")
 
 
-def test_spark_default_is_derived_from_iox_spark_master(airflow_env: dict[str, str]) -> None:
-    """What Airflow's own SparkSubmitHook makes of the derived connection: exactly IOX_SPARK_MASTER."""
-    env = {**airflow_env, "PYTHONPATH": str(DAGS)}
-    masters = ["-", "local[2]", "spark://127.0.0.1:7077"]
-    done = subprocess.run([sys.executable, "-c", HOOK_MASTERS, *masters], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["local[*]", "local[2]", "spark://127.0.0.1:7077"]
+# --- bounds on every field (issue 22, item 4) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"max_spark_jobs": 10**21}, "`max_spark_jobs`: must be a whole number from 1 to 1,024, not 10000000000000000"),
+    ({"max_spark_jobs": 1e21}, "`max_spark_jobs`: must be a whole number from 1 to 1,024, not 1e+21"),
+    ({"max_spark_jobs": 1025}, "`max_spark_jobs`: must be a whole number from 1 to 1,024"),
+    ({"max_spark_jobs": 0}, "`max_spark_jobs`: must be a whole number from 1 to 1,024"),
+    ({"retries": 10**21}, "`retries`: must be a whole number from 0 to 10, not 1000000000000000000000"),
+    ({"retries": -1}, "`retries`: must be a whole number from 0 to 10"),
+    ({"args": {"low": float("nan")}}, "`args`: bound parameter :low is nan, which SQL has no literal for"),
+    ({"args": {"low": float("inf")}}, "`args`: bound parameter :low is inf"),
+])
+def test_every_numeric_field_is_bounded(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(BadInputError) as err:
+        parse_definition({**GOOD, **change}, "cpu.yaml")
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert parse_definition({**GOOD, "max_spark_jobs": 1024, "retries": 10}, "cpu.yaml").max_spark_jobs == 1024
+
+
+@pytest.mark.parametrize("template, message", [
+    ("cpu/{start:%Y}-{name:>300000000}.jsonl", "{name:...}: only {start} and {end} take a pattern"),
+    ("cpu/{start!r:>300000000}.jsonl", "{start!r}: a conversion is not allowed"),
+    ("cpu/{start!s}.jsonl", "{start!s}: a conversion is not allowed"),
+    ("cpu/{start.year:>300000000}.jsonl", "unknown field(s) {start.year}"),
+    ("cpu/{start.__class__}/{start}.jsonl", "unknown field(s) {start.__class__}"),
+    ("cpu/{start[0]}.jsonl", "unknown field(s) {start[0]}"),
+    ("cpu/{start:{name}}.jsonl", "{start:...}: a pattern may not hold another field"),
+    ("cpu/{start:%Y}/" + "x" * 2000 + ".jsonl", "an output path template holds at most 1,024"),
+])
+def test_an_output_template_cannot_grow_or_reach_into_values(template: str, message: str) -> None:
+    with pytest.raises(BadInputError) as err:
+        parse_definition({**GOOD, "output": template, "format": "jsonl"}, "cpu.yaml")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_start_and_end_keep_their_strftime_patterns() -> None:
+    definition = parse_definition({**GOOD, "output": "{name}/{start:%Y-%m-%dT%H}_{end:%H}.jsonl",
+                                   "format": "jsonl"}, "cpu.yaml")
+    start = dt.datetime(2024, 1, 2, 3, tzinfo=dt.timezone.utc)
+    assert definition.output_path(start, start + dt.timedelta(hours=1), SETTINGS) == Path(
+        "/data/out/cpu_hourly/2024-01-02T03_04.jsonl")
+
+
+@pytest.mark.parametrize("schedule", ["* * * * * *", "*/5 * * * * *", "0 0 * * * * 2030", "* * * *"])
+def test_a_schedule_is_five_cron_fields_or_a_preset(schedule: str) -> None:
+    with pytest.raises(BadInputError, match="is not a cron expression of five fields"):
+        parse_definition({**GOOD, "schedule": schedule}, "cpu.yaml")
+    assert parse_definition({**GOOD, "schedule": "* * * * *"}, "cpu.yaml").cron == "* * * * *"
+
+
+@pytest.mark.parametrize("register_as, message", [
+    ({"table": "__iox_scan_0"}, "table: measurement name '__iox_scan_0' starts with '__'"),
+    ({"table": " "}, "is only whitespace"),
+    ({"table": "cpu\x1b[31m"}, "the control character U+001B is not allowed"),
+    ({"table": "x" * 3000}, "is longer than 2048 bytes"),
+    ({"table": 5}, "`table` must be a table name, not int"),
+    ({"table": "t", "tags": ["__seq"]}, "tags: tag key '__seq' starts with '__'"),
+])
+def test_register_as_names_follow_the_catalog_s_rule(register_as: dict[str, Any], message: str) -> None:
+    with pytest.raises(BadInputError) as err:
+        parse_definition({**GOOD, "register_as": register_as}, "cpu.yaml")
+    assert "`register_as`: " in str(err.value) and message in str(err.value)
+
+
+def test_definition_files_are_read_as_safely_as_scenario_files(tmp_path: Path) -> None:
+    """YAML aliases (a 528-byte file of them cost 22 s and 712 MB on every DAG parse), a file past the size
+    bound (or one that never ends) and deep nesting are refused, each in one paragraph naming the file."""
+    good = yaml.safe_dump(GOOD)
+    laughs = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(8))
+    cases = {
+        "aliases.yaml": (good + laughs, "YAML anchors and aliases (&name, *name) are not allowed"),
+        "anchor.yaml": (good.replace("db: tsbs", "db: &d tsbs"), "YAML anchors and aliases"),
+        "big.yaml": (good + "description: " + "x" * (2 * 1024 * 1024) + "\n", "is larger than 2097152 bytes"),
+        "deep.yaml": (good + "args: " + "[" * 50 + "]" * 50 + "\n", "nested deeper than 4 levels"),
+        "python.yaml": (good + "args: !!python/object/apply:os.system ['true']\n", "is not valid YAML"),
+    }
+    for name, (text, message) in cases.items():
+        folder = tmp_path / name.split(".")[0]
+        folder.mkdir()
+        (folder / name).write_text(text)
+        with pytest.raises(BadInputError) as err:
+            load_definitions(folder)
+        assert message in str(err.value) and str(folder / name) in str(err.value), (name, str(err.value)[:300])
+        assert "\n" not in str(err.value)
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "cpu.yaml").write_text(good)
+    assert [d.name for d in load_definitions(tmp_path / "ok")] == ["cpu_hourly"]

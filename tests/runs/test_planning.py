@@ -1,0 +1,91 @@
+"""The plan step against a real Postgres catalog (no Spark, no Airflow): a `register_as` that would replace rows
+it does not own is refused before anything runs, with the run recorded failed and nothing written."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from iox_planner.catalog import runs
+from iox_planner.catalog.store import Catalog
+from iox_planner.errors import RunFailed
+from iox_planner.ingest import register
+from iox_planner.ingest.write import write_line_protocol
+from iox_planner.runs.definitions import MaterializedQuery, parse_definition
+from iox_planner.runs.failure import fail
+from iox_planner.runs.planning import plan
+from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.staging import RunIdentity, Staging
+
+T0 = 1704067200 * 10**9  # 2024-01-01T00:00:00Z
+DAY = 86_400 * 10**9
+START = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _definition(db: str, name: str, table: str) -> MaterializedQuery:
+    return parse_definition({
+        "name": name, "db": db, "schedule": "@daily", "start_date": "2024-01-01", "format": "jsonl",
+        "sql": "SELECT host, date_trunc('day', time) AS time, max(v) AS v FROM cpu GROUP BY 1, 2",
+        "output": "{name}/{start:%Y-%m-%d}.jsonl", "register_as": {"table": table, "tags": ["host"]},
+    }, f"{name}.yaml")
+
+
+def _plan(definition: MaterializedQuery, settings: AirflowSettings) -> tuple[Any, Any, RunIdentity]:
+    request = definition.request(START, START + dt.timedelta(days=1), settings)
+    return request, plan, RunIdentity(f"materialize_{definition.name}", f"test__{uuid.uuid4().hex[:8]}")
+
+
+def _refused(catalog: Catalog, definition: MaterializedQuery, settings: AirflowSettings, message: str) -> None:
+    request, step, run = _plan(definition, settings)
+    with pytest.raises(RunFailed) as err:
+        step(request, run, settings)
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+    recorded = runs.find_run(catalog, run.dag_id, run.run_id)
+    assert recorded is not None and recorded["status"] == "failed" and message in recorded["error"]
+    assert runs.lock_holder(catalog, request.lock_key()) is None
+    assert not Staging.for_run(request.output, run).root.exists() and not request.output.exists()
+
+
+def _planned(catalog: Catalog, definition: MaterializedQuery, settings: AirflowSettings) -> None:
+    """The plan step goes through (then the run is failed on purpose, which frees its lock)."""
+    request, step, run = _plan(definition, settings)
+    outcome = step(request, run, settings)
+    fail(request, run, outcome.handle(), "test: planned only")
+    assert runs.lock_holder(catalog, request.lock_key()) is None
+
+
+def test_register_as_over_a_table_ingest_wrote_is_refused_when_the_run_plans(catalog: Catalog, db: str,
+                                                                            tmp_path: Path) -> None:
+    settings = AirflowSettings(output_root=tmp_path, output_roots=(tmp_path,))
+    write_line_protocol(catalog, db, f"cpu,host=a v=1 {T0 + 1}\nh2o,city=b temp=1 {T0 + 2}")
+    _refused(catalog, _definition(db, "over_h2o", "h2o"), settings,
+             "register_as: table 'h2o' of database " + db + " holds data that was written to it (write)")
+    # Registering over the query's own input is refused the same way; a table of its own is fine.
+    _refused(catalog, _definition(db, "over_cpu", "cpu"), settings, "holds data that was written to it (write)")
+    _planned(catalog, _definition(db, "own_table", "cpu_daily"), settings)
+
+
+def test_register_as_may_replace_only_what_its_own_runs_registered(catalog: Catalog, db: str,
+                                                                   tmp_path: Path) -> None:
+    settings = AirflowSettings(output_root=tmp_path, output_roots=(tmp_path,))
+    write_line_protocol(catalog, db, f"cpu,host=a v=1 {T0 + 1}")
+    mine = _definition(db, "mine", "rollup")
+    # An earlier run of `mine` registered the table: its rows, and a succeeded run recording the registration.
+    rows = pa.table({"host": ["a"], "time": pa.array([T0], pa.int64()), "v": [1.0]})
+    register.register_interval(catalog, db, "rollup", rows, tags=["host"], interval=(T0, T0 + DAY))
+    request = mine.request(START, START + dt.timedelta(days=1), settings)
+    earlier = runs.start_run(catalog, database=db, params=request.as_params(), dag_id="materialize_mine",
+                             run_id=f"earlier-{db}", definition="mine", interval=(T0, T0 + DAY))
+    runs.finish_run(catalog, earlier, runs.RunStatus.SUCCESS, row_count=1)
+    _planned(catalog, mine, settings)
+    _refused(catalog, _definition(db, "theirs", "rollup"), settings,
+             "register_as: table 'rollup' of database " + db + " was registered by materialized query 'mine', not "
+             "by an earlier run of 'theirs'")
+    # A table no recorded run registered (registered by hand, or before runs recorded it): nobody's to replace.
+    register.register_interval(catalog, db, "by_hand", rows, tags=["host"], interval=(T0, T0 + DAY))
+    _refused(catalog, _definition(db, "mine2", "by_hand"), settings, "was registered by no run iox-batch recorded")
