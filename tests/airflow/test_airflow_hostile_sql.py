@@ -25,6 +25,8 @@ def test_hostile_sql_fails_in_the_plan_task(dag_runner: DagRunner, catalog: Cata
                         "'getPropertiesFromFile', '/etc/passwd') IS NOT NULL", "JAVA_METHOD()"),
         "script": (f"SELECT MAP(city) USING 'touch {PWNED}' FROM h2o", "external script"),
         "variable": ("SELECT ${env:HOME} FROM h2o", "variable reference"),
+        # sqlglot's re-printing once made this a CREATE TABLE that wrote every row outside the output roots
+        "into": ("SELECT * INTO pwned FROM h2o", "SELECT ... INTO"),
         "huge": ("SELECT nope_" + "x" * 100_000 + " FROM h2o", "message cut"),
     }
     specs = [{"dag_id": "iox_query", "conf": {"db": h2o_db, "sql": sql, "output": str(tmp_path / f"{name}.jsonl"),
