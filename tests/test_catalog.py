@@ -48,6 +48,34 @@ def test_a_gap_in_the_history_is_refused(tmp_path: Path) -> None:
         migration_files(tmp_path)
 
 
+def test_tables_registered_before_0007_belong_to_the_one_definition_that_registered_them(empty_catalog: str) -> None:
+    """Migration 0007 records each registered table's owner from the succeeded runs older releases recorded:
+    the one definition that registered it; nobody when none or two did."""
+    catalog = Catalog(empty_catalog)
+    catalog.migrate(until=6)
+    with catalog.engine.begin() as conn:
+        db_id = conn.execute(sa.text("INSERT INTO iox_database (name) VALUES ('d') RETURNING id")).scalar_one()
+        for table in ("mine", "shared", "ingested", "failed_only"):
+            conn.execute(sa.text("INSERT INTO iox_table (database_id, name) VALUES (:d, :t)"),
+                         {"d": db_id, "t": table})
+        runs = [("a", "mine", "success"), ("a", "mine", "success"), ("a", "shared", "success"),
+                ("b", "shared", "success"), ("c", "failed_only", "failed")]
+        for n, (definition, table, status) in enumerate(runs):
+            conn.execute(sa.text(
+                "INSERT INTO iox_query_run (database_name, definition, dag_id, run_id, params, status) "
+                "VALUES ('d', :definition, 'dag', :run, CAST(:params AS JSONB), :status)"),
+                {"definition": definition, "run": f"r{n}", "status": status,
+                 "params": f'{{"register_as": {{"db": "d", "table": "{table}"}}}}'})
+        conn.execute(sa.text(
+            "INSERT INTO iox_query_run (database_name, definition, dag_id, run_id, params, status) "
+            "VALUES ('d', 'z', 'dag', 'plain', '{\"register_as\": null}', 'success')"))
+    assert [m.version for m in catalog.migrate()] == list(range(7, len(migration_files()) + 1))
+    with catalog.engine.connect() as conn:
+        owners = {r.name: r.registered_by for r in conn.execute(sa.text("SELECT name, registered_by FROM iox_table"))}
+    assert owners == {"mine": "a", "shared": None, "ingested": None, "failed_only": None}
+    catalog.dispose()
+
+
 def test_an_edited_shipped_migration_is_refused(empty_catalog: str) -> None:
     catalog = Catalog(empty_catalog)
     catalog.migrate()

@@ -13,7 +13,7 @@ import pytest
 
 from iox_planner.catalog import runs
 from iox_planner.catalog.store import Catalog
-from iox_planner.errors import RunFailed
+from iox_planner.errors import BadInputError, RunFailed
 from iox_planner.ingest import register
 from iox_planner.ingest.write import write_line_protocol
 from iox_planner.runs.definitions import MaterializedQuery, parse_definition
@@ -75,17 +75,25 @@ def test_register_as_may_replace_only_what_its_own_runs_registered(catalog: Cata
     settings = AirflowSettings(output_root=tmp_path, output_roots=(tmp_path,))
     write_line_protocol(catalog, db, f"cpu,host=a v=1 {T0 + 1}")
     mine = _definition(db, "mine", "rollup")
-    # An earlier run of `mine` registered the table: its rows, and a succeeded run recording the registration.
+    # An earlier run of `mine` registered the table: the table is `mine`'s from then on.
     rows = pa.table({"host": ["a"], "time": pa.array([T0], pa.int64()), "v": [1.0]})
-    register.register_interval(catalog, db, "rollup", rows, tags=["host"], interval=(T0, T0 + DAY))
+    register.register_interval(catalog, db, "rollup", rows, tags=["host"], interval=(T0, T0 + DAY), owner="mine")
+    _planned(catalog, mine, settings)
+    # A rerun of that interval (a backfill reprocessing completed runs) resets its run row to `running` before it
+    # plans: the table is still its own. Two intervals rerun at once both find it so.
     request = mine.request(START, START + dt.timedelta(days=1), settings)
-    earlier = runs.start_run(catalog, database=db, params=request.as_params(), dag_id="materialize_mine",
-                             run_id=f"earlier-{db}", definition="mine", interval=(T0, T0 + DAY))
-    runs.finish_run(catalog, earlier, runs.RunStatus.SUCCESS, row_count=1)
+    for n in range(2):
+        runs.start_run(catalog, database=db, params=request.as_params(), dag_id="materialize_mine",
+                       run_id=f"rerun-{n}-{db}", definition="mine", interval=(T0, T0 + DAY))
     _planned(catalog, mine, settings)
     _refused(catalog, _definition(db, "theirs", "rollup"), settings,
              "register_as: table 'rollup' of database " + db + " was registered by materialized query 'mine', not "
              "by an earlier run of 'theirs'")
-    # A table no recorded run registered (registered by hand, or before runs recorded it): nobody's to replace.
+    # The registration checks again in its own transaction (`theirs` planned before `mine` created the table).
+    with pytest.raises(BadInputError, match="table 'rollup' of database .* belongs to materialized query 'mine'; "
+                                            "materialized query 'theirs' may not replace its rows"):
+        register.register_interval(catalog, db, "rollup", rows, tags=["host"], interval=(T0, T0 + DAY),
+                                   owner="theirs")
+    # A table no materialized query registered (registered by hand): nobody's to replace.
     register.register_interval(catalog, db, "by_hand", rows, tags=["host"], interval=(T0, T0 + DAY))
-    _refused(catalog, _definition(db, "mine2", "by_hand"), settings, "was registered by no run iox-batch recorded")
+    _refused(catalog, _definition(db, "mine2", "by_hand"), settings, "was registered by no materialized query")

@@ -137,8 +137,8 @@ class TableOrigin:
     ingested: tuple[str, ...]
     """The write log's sources other than registrations that added data to it (`write`, `load`)."""
     registered_by: tuple[str, ...]
-    """The materialized queries whose succeeded runs registered their result as it (`register_as` in the run's
-    params), in name order."""
+    """The materialized query whose runs register their results as it (the table's `registered_by`, recorded by
+    the registration that created it; migration 0007), or none."""
 
 
 def table_origin(catalog: Catalog, db: str, table: str) -> TableOrigin:
@@ -146,18 +146,14 @@ def table_origin(catalog: Catalog, db: str, table: str) -> TableOrigin:
     queries' registrations (their runs' params), or nobody yet."""
     with catalog.engine.connect() as conn:
         db_id = conn.execute(sa.select(databases.c.id).where(databases.c.name == db)).scalar_one_or_none()
-        exists = db_id is not None and conn.execute(sa.select(tables.c.id).where(
-            tables.c.database_id == db_id, tables.c.name == table)).first() is not None
-        if not exists:
+        row = None if db_id is None else conn.execute(sa.select(tables.c.registered_by).where(
+            tables.c.database_id == db_id, tables.c.name == table)).first()
+        if row is None:
             return TableOrigin(False, (), ())
         ingested = conn.execute(sa.select(write_events.c.source).distinct().where(
             write_events.c.database_id == db_id, write_events.c.table_name == table,
             write_events.c.source != "register").order_by(write_events.c.source)).scalars().all()
-        registered_by = conn.execute(sa.select(query_runs.c.definition).distinct().where(
-            query_runs.c.status == RunStatus.SUCCESS.value, query_runs.c.definition.is_not(None),
-            query_runs.c.params.contains({"register_as": {"db": db, "table": table}}),
-        ).order_by(query_runs.c.definition)).scalars().all()
-    return TableOrigin(True, tuple(ingested), tuple(registered_by))
+    return TableOrigin(True, tuple(ingested), () if row.registered_by is None else (row.registered_by,))
 
 
 def _jsonable(value: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ tables = sa.Table(
     sa.Column("database_id", sa.BigInteger, nullable=False),
     sa.Column("name", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True)),
+    sa.Column("registered_by", sa.Text),  # migration 0007: the materialized query whose runs register it
 )
 columns = sa.Table(
     "iox_column", metadata,

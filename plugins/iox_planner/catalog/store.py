@@ -87,8 +87,9 @@ class Catalog:
 
     # --- migrations -----------------------------------------------------------------------------------------
 
-    def migrate(self) -> list[Migration]:
-        """Apply the migrations not yet applied, in order, each in its own transaction. Returns those applied."""
+    def migrate(self, *, until: int | None = None) -> list[Migration]:
+        """Apply the migrations not yet applied, in order, each in its own transaction. Returns those applied.
+        `until` stops after that version (a catalog as an older release left it, for upgrade tests)."""
         applied: list[Migration] = []
         try:
             with self.engine.begin() as conn:
@@ -109,7 +110,7 @@ class Catalog:
                             "shipped migrations are append-only: revert the edit and fix forward in a new file"
                         )
                 for migration in files:
-                    if migration.version in done:
+                    if migration.version in done or (until is not None and migration.version > until):
                         continue
                     with conn.begin_nested():
                         conn.exec_driver_sql(migration.sql)
@@ -175,8 +176,10 @@ class Catalog:
                      .on_conflict_do_nothing(index_elements=["database_id"]))
         return db_id
 
-    def ensure_table(self, conn: Connection, db_id: int, name: str) -> int:
-        conn.execute(pg.insert(tables).values(database_id=db_id, name=name).on_conflict_do_nothing())
+    def ensure_table(self, conn: Connection, db_id: int, name: str, *, registered_by: str | None = None) -> int:
+        """The table's id, created when missing; `registered_by` is recorded only by the creating call."""
+        conn.execute(pg.insert(tables).values(database_id=db_id, name=name, registered_by=registered_by)
+                     .on_conflict_do_nothing())
         return int(conn.execute(
             sa.select(tables.c.id).where(tables.c.database_id == db_id, tables.c.name == name)).scalar_one())
 

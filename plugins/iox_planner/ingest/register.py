@@ -15,12 +15,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from iox_planner import storage
 from iox_planner.catalog import locks
 from iox_planner.catalog.freshness import WriteEvent, fresh_order, record_writes
-from iox_planner.catalog.names import name_problem
+from iox_planner.catalog.names import excerpt, name_problem
+from iox_planner.catalog.schema import tables
 from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError
@@ -142,12 +144,17 @@ def register_interval(
     warehouse: Path | None = None,
     conn: Connection | None = None,
     written: list[Path] | None = None,
+    owner: str | None = None,
 ) -> RegisterResult:
     """Write `data` (the result of one interval) as table `table` of database `db`, replacing whatever the table
     held inside the half-open `interval`: one sorted, duplicate-free Parquet file per UTC day, registered with a new
     chunk order, and the interval's earlier chunks retired, in one transaction (files are removed again if it does
     not commit). Every row must lie inside the interval. The database and table are created when missing; the
     result's columns must agree with the table's existing ones.
+
+    `owner` is the materialized query registering (None for a registration no definition made): a table it
+    creates is recorded as that query's, and an existing table must be that query's (checked in the transaction,
+    so two definitions racing to the same new table cannot both register into it).
 
     With `conn`, the caller's transaction is used and `written` receives the paths of the files written, for the
     caller to remove should its transaction not commit."""
@@ -169,10 +176,10 @@ def register_interval(
     if conn is None:
         staged = storage.Staged(root)
         with staged.transaction(catalog) as own:
-            return _register(catalog, own, staged, db, table, data, columns, start, end)
+            return _register(catalog, own, staged, db, table, data, columns, start, end, owner)
     staged = storage.Staged(root)
     try:
-        result = _register(catalog, conn, staged, db, table, data, columns, start, end)
+        result = _register(catalog, conn, staged, db, table, data, columns, start, end, owner)
     except BaseException:
         staged.rollback()
         raise
@@ -183,12 +190,18 @@ def register_interval(
 
 def _register(
     catalog: Catalog, conn: Connection, staged: storage.Staged, db: str, table: str, data: pa.Table,
-    columns: Mapping[str, ColumnType], start: int, end: int,
+    columns: Mapping[str, ColumnType], start: int, end: int, owner: str | None,
 ) -> RegisterResult:
     root = staged.root
     db_id = catalog.ensure_database(conn, db)
     locks.lock_orders(conn, db_id)  # before any insert, as every write does (locks.lock_orders: deadlocks)
-    table_id = catalog.ensure_table(conn, db_id, table)
+    table_id = catalog.ensure_table(conn, db_id, table, registered_by=owner)
+    holder = conn.execute(sa.select(tables.c.registered_by).where(tables.c.id == table_id)).scalar_one()
+    if holder != owner:
+        by = f"materialized query {excerpt(holder)}" if holder is not None else "no materialized query"
+        mine = f"materialized query {excerpt(owner)}" if owner is not None else "a registration of no definition"
+        raise BadInputError(f"table {excerpt(table)} of database {db} belongs to {by}; {mine} may not replace its "
+                            "rows, so nothing was registered: give register_as a table name of its own")
     current = catalog.add_columns(conn, table_id, columns)
     clashes = [f"{n} (the table has it as {current[n].value}, the result as {t.value})"
                for n, t in columns.items() if current.get(n) is not t]

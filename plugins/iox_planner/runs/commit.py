@@ -162,7 +162,7 @@ def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, output: 
     try:
         result = register.register_interval(catalog, db, target.table, table, tags=target.tags,
                                        interval=(request.time_start, request.time_end), conn=conn,
-                                       warehouse=warehouse(), written=written)
+                                       warehouse=warehouse(), written=written, owner=request.definition)
         if request.format is OutputFormat.PARQUET:
             with staged(output, folder=True, parent=folder) as stage:
                 stage.result.mkdir()

@@ -98,7 +98,8 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings,
 def check_register_target(catalog: Any, request: QueryRequest) -> None:
     """`register_as` replaces the run's interval of the table, so it may name only a new table or one that earlier
     runs of the same materialized query registered: never a table ingest wrote into (its rows would be replaced
-    interval by interval), nor one another query's registrations fill. Checked before anything runs."""
+    interval by interval), nor one another query's registrations fill. Checked before anything runs, and again by
+    the registration in the commit's transaction (ingest/register.py: a table created meanwhile)."""
     from iox_planner.catalog.names import excerpt
     from iox_planner.catalog.runs import table_origin
 
@@ -117,7 +118,7 @@ def check_register_target(catalog: Any, request: QueryRequest) -> None:
                             f"by interval, so nothing was run: {advice}")
     if request.definition not in origin.registered_by:
         shown = ", ".join(excerpt(n) for n in origin.registered_by[:5])
-        by = f"by materialized query {shown}" if shown else "by no run iox-batch recorded"
+        by = f"by materialized query {shown}" if shown else "by no materialized query"
         raise BadInputError(f"{where} was registered {by}, not by an earlier run of {excerpt(request.definition)}; "
                             f"registering would replace its rows interval by interval, so nothing was run: {advice}")
 
