@@ -13,11 +13,13 @@ from typing import Callable
 
 import pytest
 
-from fault_support import (RESTARTS, report, KEYS, QUERY, FaultWorld, Restarter, Tally, batch, catalog_problems,
+from fault_support import (IOX, RESTARTS, report, KEYS, QUERY, FaultWorld, PausedCommand, Restarter, Tally, batch,
+                           catalog_problems,
                            failed_retryably, hidden_siblings, naive_answer, read_output, replay, rng_for,
                            rows_of_write, run_and_kill, unreferenced_files)
 from iox_planner.maintenance.persist import persist
 from iox_planner.ingest.write import write_line_protocol
+from iox_planner.model import ChunkKind
 
 pytestmark = pytest.mark.slow
 
@@ -81,6 +83,32 @@ def test_postgres_restarted_during_persist(fw: FaultWorld) -> None:
     persist(fw.catalog, db, warehouse=fw.warehouse, grace_seconds=0)
     assert unreferenced_files(fw, db) == [] and catalog_problems(fw, db) == []
     report(f"persist + Postgres restart: {RESTARTS} restarts, {failed} persists failed retryably, 0 lost points")
+
+
+def test_postgres_lost_after_a_persist_committed_is_a_warning_not_a_failure(fw: FaultWorld) -> None:
+    """The sweeps run after every partition committed: Postgres gone then leaves the persist done, and the
+    command says so and exits 0 (a command that exits non-zero has changed nothing)."""
+    db = f"pw_{uuid.uuid4().hex[:10]}"
+    tally = Tally()
+    write_line_protocol(fw.catalog, db, batch(0))
+    tally.apply(0)
+    command = PausedCommand([IOX, "persist", "--db", db], fw.env(IOX_FAULT_PAUSE_AT="persist.before_sweeps"))
+    assert command.wait_stopped(), command.finish().stderr
+    fw.stop_pg("immediate")
+    try:
+        command.resume()
+        outcome = command.finish(timeout=120)
+    finally:
+        fw.start_pg()
+    assert outcome.returncode == 0, outcome.stderr
+    assert outcome.stdout.startswith("persisted m "), outcome.stdout
+    assert outcome.stderr.startswith("warning: the persist is committed, but cleaning up old files failed"), \
+        outcome.stderr
+    assert "Traceback" not in outcome.stderr and outcome.stderr.count("\n") == 1, outcome.stderr
+    with fw.catalog.engine.connect() as conn:
+        kinds = [row.kind for row in fw.catalog.chunk_rows(conn, fw.catalog.database_id(conn, db))]
+    assert kinds and set(kinds) == {ChunkKind.PARQUET}, kinds  # every ingester chunk persisted
+    assert naive_answer(fw, db, "m", ("k", "time")) == tally.expected
 
 
 @pytest.mark.spark

@@ -80,7 +80,7 @@ def cmd_persist(args: argparse.Namespace) -> int:
     from iox_planner.maintenance.persist import persist
 
     catalog = _catalog()
-    results = persist(catalog, args.db, table=args.table)
+    results = persist(catalog, args.db, table=args.table, warn=lambda note: err.print(f"warning: {note}"))
     for r in results:
         report.print(f"persisted {r.table} {r.partition}: {r.chunks_in} ingester chunk(s), {r.rows_in} rows -> "
                      f"file {r.file_id} with {r.rows_out} rows (order {r.order})")
