@@ -185,7 +185,7 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_drop(args: argparse.Namespace) -> int:
-    from iox_planner.catalog.store import drop_database
+    from iox_planner.catalog.drops import drop_database
     from iox_planner.config import warehouse
 
     if not args.yes:

@@ -108,7 +108,8 @@ def status(catalog: Any, definition: MaterializedQuery, *, now: dt.datetime | No
         late = stale.get(key, [])
         reasons = tuple(d.describe() for d in late)
         detail = tuple({"db": d.db, "table": d.table, "chunks": d.chunks, "rows": d.rows,
-                        "partitions": list(d.partitions), "dropped": d.dropped} for d in late)
+                        "partitions": list(d.partitions), "dropped": d.dropped,
+                        "table_dropped": d.table_dropped} for d in late)
         # A newest run that did not publish leaves the output (if any) of an older run, judged by what that one
         # read: stale stays stale (with the failure shown), a fresh or missing output shows the failure.
         error = run.error if run is not None and run.status == "failed" else None
