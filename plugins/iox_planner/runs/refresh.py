@@ -273,8 +273,8 @@ def _spark_submit(job: str, args: Sequence[str], fast_start: bool) -> None:
     run_submit(spark_submit_command(job, list(args), fast_start=fast_start), f"spark-submit {job}")
 
 
-def describe(result: RefreshResult) -> str:
+def describe(result: RefreshResult, done: str = "refreshed") -> str:
     when = f"[{format_time(result.start)}, {format_time(result.end)})"
     if result.ok:
-        return f"{result.definition} {when}: refreshed, {result.rows} rows ({result.spark_jobs} Spark job(s))"
-    return f"{result.definition} {when}: FAILED, old output kept and still stale: {result.error}"
+        return f"{result.definition} {when}: {done}, {result.rows} rows ({result.spark_jobs} Spark job(s))"
+    return f"{result.definition} {when}: FAILED, old output (if any) kept: {result.error}"
