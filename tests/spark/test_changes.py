@@ -4,8 +4,10 @@ change across writes, persist and compaction, on the real catalog and the shared
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from helpers import live_chunks
 from spark_helpers import cli
 
@@ -95,3 +97,40 @@ def test_a_watermark_the_catalog_can_no_longer_answer_is_refused(spark: object, 
     consumer.mark = "beginning"
     assert [k for k, _, _ in consumer.read()] == ["a", "b", "c"]
     assert consumer.read() == []
+
+
+def test_iox_query_param_changes_since_plans_and_records_the_watermark(
+        spark: object, catalog: Catalog, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run domain `iox_query`'s tasks call (plan, Spark in-process, commit), without Airflow itself."""
+    from iox_planner.cli.runner import run_staged_in_process
+    from iox_planner.runs.commit import commit
+    from iox_planner.runs.planning import plan
+    from iox_planner.runs.request import QueryRequest
+    from iox_planner.runs.settings import AirflowSettings
+    from iox_planner.runs.staging import RunIdentity
+
+    monkeypatch.setenv("IOX_OUTPUT_ROOT", str(tmp_path))
+    monkeypatch.delenv("IOX_OUTPUT_ROOTS", raising=False)
+    settings = AirflowSettings.from_env()
+
+    def read(since: str, n: int) -> tuple[list[str], str]:
+        request = QueryRequest.from_params({"db": db, "sql": "SELECT k, v FROM m", "output": f"r{n}.jsonl",
+                                            "format": "jsonl", "changes_since": since}, settings)
+        run = RunIdentity("iox_query", f"changes_{n}")
+        outcome = plan(request, run, settings)
+        run_staged_in_process(outcome, request)
+        assert commit(request, run, outcome.handle()).rows >= 0
+        with catalog.engine.connect() as conn:
+            recorded = conn.execute(sa.text("SELECT changes_watermark, params->>'changes_since' FROM iox_query_run "
+                                            "WHERE id = :i").bindparams(i=outcome.query_run)).one()
+        assert recorded[0] == outcome.summary["changes_watermark"] and recorded[1] == since
+        keys = sorted(json.loads(line)["k"] for line in (tmp_path / f"r{n}.jsonl").read_text().splitlines())
+        return keys, recorded[0]
+
+    ingest.write_line_protocol(catalog, db, f"m,k=a v=1 {T0}\nm,k=b v=2 {T0 + S}")
+    keys, mark = read("beginning", 1)
+    assert keys == ["a", "b"]
+    ingest.write_line_protocol(catalog, db, f"m,k=b v=3 {T0 + S}")
+    keys, mark = read(mark, 2)
+    assert keys == ["b"]
+    assert read(mark, 3)[0] == []

@@ -86,6 +86,12 @@ def record_plan(catalog: Catalog, run: int, plan: Mapping[str, Any], *, conn: Co
         c.execute(query_runs.update().where(query_runs.c.id == run).values(plan=_jsonable(plan)))
 
 
+def record_changes_watermark(catalog: Catalog, run: int, watermark: str) -> None:
+    """The watermark a changes read hands on (its plan's window end), on its run's record."""
+    with _transaction(catalog, None) as c:
+        c.execute(query_runs.update().where(query_runs.c.id == run).values(changes_watermark=watermark))
+
+
 def finish_run(
     catalog: Catalog,
     run: int,
