@@ -48,7 +48,8 @@ import sqlalchemy as sa  # noqa: E402
 from bench_spark import QUERY, build  # noqa: E402
 
 from iox_planner.catalog.schema import parquet_files  # noqa: E402
-from iox_planner.catalog.store import Catalog, CatalogSource, drop_database  # noqa: E402
+from iox_planner.catalog.drops import drop_database  # noqa: E402
+from iox_planner.catalog.store import Catalog, CatalogSource  # noqa: E402
 from iox_planner.config import warehouse  # noqa: E402
 from iox_planner.ingest import tsbs  # noqa: E402
 from iox_planner.maintenance.compact.run import compact  # noqa: E402

@@ -3,7 +3,9 @@
 Every IOX_PERSIST_SCHEDULE (default every 30 minutes) it finds the partitions holding at least
 IOX_PERSIST_CHUNK_THRESHOLD (default 10) live ingester chunks (in the databases IOX_PERSIST_DATABASES names,
 default all) and persists their tables, one mapped task per (database, table): a table that cannot be persisted
-fails its own task and not the others.
+fails its own task and not the others. First, `expire` retires the partitions of every database (of those) whose
+retention has passed them, and deletes files retired longer ago than the grace period, so expired data goes even
+from databases nobody writes to any more.
 """
 
 from __future__ import annotations
@@ -27,6 +29,24 @@ with DAG(
     tags=["iox-batch", "maintenance"],
     doc_md=__doc__,
 ):
+
+    @task
+    def expire() -> list[dict[str, Any]]:
+        from iox_planner.catalog.store import Catalog
+        from iox_planner.config import warehouse
+        from iox_planner.maintenance.sweeps import DEFAULT_GRACE_SECONDS, expire_databases
+
+        settings = AirflowSettings.from_env()
+        catalog = Catalog()
+        try:
+            catalog.require_schema()
+            done = expire_databases(catalog, warehouse(), DEFAULT_GRACE_SECONDS, settings.persist_databases)
+        finally:
+            catalog.dispose()
+        for db, part, chunks in done:
+            print(f"{db}.{part.table} {part.partition}: past the retention, {chunks} chunk(s) retired")
+        return [{"db": db, "table": part.table, "partition": part.partition, "chunks": chunks}
+                for db, part, chunks in done]
 
     @task
     def find_piles() -> list[dict[str, Any]]:
@@ -65,4 +85,6 @@ with DAG(
                   f"{r.file_id} with {r.rows_out} rows (order {r.order})")
         return [{"partition": r.partition, "chunks_in": r.chunks_in, "rows_out": r.rows_out} for r in results]
 
-    persist_table.expand(target=find_piles())
+    piles = find_piles()
+    expire() >> piles
+    persist_table.expand(target=piles)

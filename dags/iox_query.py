@@ -38,6 +38,10 @@ PARAMS = {
     "timeout_s": Param(None, type=["null", "integer"], minimum=1, maximum=MAX_QUERY_TIMEOUT_S,
                        description="Wall-time budget of each Spark job of the run, in seconds (default "
                                    "IOX_QUERY_TIMEOUT_S); past it the job is cancelled and nothing is published."),
+    "changes_since": Param(None, type=["null", "string"], maxLength=64,
+                           description="A changes read: only the current rows of the keys written after this "
+                                       "watermark (`beginning`: every key); the plan task's result and the run's "
+                                       "record carry the watermark to pass next time."),
 }
 
 

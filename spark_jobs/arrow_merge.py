@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from iox_planner.ingest.dedup import Part, deduplicate_parts
-from iox_planner.model import CHUNK_ORDER, ORDER_SHIFT, TIME, WRITE_SEQ, ColumnType
+from iox_planner.model import CHUNK_ORDER, ORDER_SHIFT, TIME, WRITE_ORDER, WRITE_SEQ, ColumnType
 
 ARROW_TYPES: Mapping[str, pa.DataType] = {
     ColumnType.TAG.value: pa.string(),
@@ -56,7 +56,13 @@ def read_group(files: Sequence[Sequence[Any]], columns: Sequence[str], types: Ma
             arrow_type = ARROW_TYPES[types[name]]
             if name in tags:
                 arrow_type = pa.dictionary(pa.int32(), pa.string())
-            if name in present:
+            if name == WRITE_ORDER:
+                # A file's own per-row write orders where it has them, else the chunk's order (model.WRITE_ORDER).
+                own = table[name].cast(pa.int64()) if name in present and not ingester else None
+                fill = pa.scalar(int(order), pa.int64())
+                arrays.append(own.fill_null(fill) if own is not None
+                              else pa.array(np.full(table.num_rows, int(order), dtype=np.int64)))
+            elif name in present:
                 column = table[name]
                 arrays.append(column if column.type == arrow_type else column.cast(arrow_type))
             else:

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from iox_planner.errors import BadInputError, CatalogError
-from iox_planner.model import CHUNK_ORDER, TIME, WRITE_SEQ, Chunk, ChunkKind, ColumnType, time_ns_column
+from iox_planner.model import CHUNK_ORDER, TIME, WRITE_ORDER, WRITE_SEQ, Chunk, ChunkKind, ColumnType, time_ns_column
 from iox_planner.planner.nodes import (
     DeduplicateExec,
     EmptyExec,
@@ -49,7 +49,7 @@ from iox_planner.planner.timebounds import time_bounds
 from spark_jobs.extract import check_file, group_inputs
 from spark_jobs.gate import check_query_text
 from spark_jobs.transform import (
-    chunk_order_column, deduplicate, deduplicate_window, file_type, q, to_view, union_all,
+    chunk_order_column, deduplicate, deduplicate_window, file_type, q, to_view, union_all, write_order_column,
 )
 
 # --- metrics (explain --analyze) ---------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ class ScanBuilder:
     def schema_for(self, names: Iterable[str]) -> T.StructType:
         # A column no scanned chunk has is NULL throughout; its type cannot matter beyond being nullable.
         return T.StructType([
-            T.StructField(n, file_type(self.columns.get(n, ColumnType.STRING)) if n != CHUNK_ORDER
+            T.StructField(n, file_type(self.columns.get(n, ColumnType.STRING)) if n not in (CHUNK_ORDER, WRITE_ORDER)
                           else T.LongType(), n != TIME) for n in names
         ])
 
@@ -273,7 +273,8 @@ class ScanBuilder:
             wanted = set(needs) | columns_of(after)
             output = [c for c in schema if c in wanted]
         out_schema = self.schema_for(output)
-        types = {n: self.columns.get(n, ColumnType.STRING) for n in schema if n != CHUNK_ORDER}
+        types = {n: ColumnType.INTEGER if n == WRITE_ORDER else self.columns.get(n, ColumnType.STRING)
+                 for n in schema if n != CHUNK_ORDER}
         merge = _arrow_merger(specs, list(schema), list(keys), {n: t.value for n, t in types.items()}, output)
         # One partition per group, made in the JVM (spark.range): the specs travel inside the function, so no
         # Python-side RDD and no shuffle stand between the plan and the workers.
@@ -292,17 +293,26 @@ class ScanBuilder:
             path = self.warehouse / chunk.path
             check_file(path, chunk.id)
             paths.append(str(path))
-        stored = [c for c in projection if c != CHUNK_ORDER]
+        virtual = (CHUNK_ORDER, WRITE_ORDER)
+        stored = [c for c in projection if c not in virtual]
         needed = list(stored)
+        filtered: frozenset[str] = frozenset()
         if predicate:
             from iox_planner.planner.predicate import parse_predicate, columns_of
 
-            needed += sorted(c for c in columns_of(parse_predicate(predicate)) if c not in needed)
+            filtered = columns_of(parse_predicate(predicate))
+            needed += sorted(c for c in filtered if c not in needed and c not in virtual)
         ingester = chunks[0].kind is ChunkKind.INGESTER
         schema = self.schema_for(needed)
         if ingester and CHUNK_ORDER in projection:
             schema = schema.add(T.StructField(WRITE_SEQ, T.LongType(), False))
+        write_order = WRITE_ORDER in projection or WRITE_ORDER in filtered
+        if write_order and not ingester:
+            schema = schema.add(T.StructField(WRITE_ORDER, T.LongType(), True))  # NULL in files without it
         df = self.spark.read.schema(schema).parquet(*paths)
+        if write_order:
+            # Before the predicate, which may read it (a changes read's filter pushed into a scan).
+            df = df.withColumn(WRITE_ORDER, write_order_column(chunks, ingester))
         if predicate:
             df = df.where(predicate)
         if CHUNK_ORDER in projection:

@@ -4,13 +4,13 @@ Spark types."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from iox_planner.model import CHUNK_ORDER, SPARK_SQL_TYPES, TIME, WRITE_SEQ, Chunk, ColumnType, pack_order
+from iox_planner.model import CHUNK_ORDER, SPARK_SQL_TYPES, TIME, WRITE_ORDER, WRITE_SEQ, Chunk, ColumnType, pack_order
 
 def file_type(ctype: ColumnType) -> T.DataType:
     """The Spark type a chunk file's column of catalog type `ctype` is read as: the view's type from
@@ -18,21 +18,34 @@ def file_type(ctype: ColumnType) -> T.DataType:
     return T.LongType() if ctype is ColumnType.TIME else T.DataType.fromDDL(SPARK_SQL_TYPES[ctype])
 
 
+def _per_file(chunks: Sequence[Chunk], value: Callable[[Chunk], int]) -> Column:
+    """`value` of the chunk each row was read from, chosen per file by its path."""
+    values = {value(chunk) for chunk in chunks}
+    if len(values) == 1:
+        return F.lit(next(iter(values)))
+    mapping: list[Column] = []
+    for chunk in chunks:
+        mapping += [F.lit(chunk.path), F.lit(value(chunk))]
+    # _metadata.file_path is a URI; the chunk's path is the warehouse-relative tail of it.
+    rel = F.regexp_extract(F.col("_metadata.file_path"), r"([^/]+/[^/]+/[^/]+/[^/]+)$", 1)
+    return F.create_map(*mapping)[rel]
+
+
 def chunk_order_column(chunks: Sequence[Chunk], ingester: bool) -> Column:
     """(chunk order << 32) | write position, chosen per file by its path."""
-    orders = {chunk.order for chunk in chunks}
-    if len(orders) == 1:
-        base: Column = F.lit(pack_order(next(iter(orders))))
-    else:
-        mapping: list[Column] = []
-        for chunk in chunks:
-            mapping += [F.lit(chunk.path), F.lit(pack_order(chunk.order))]
-        # _metadata.file_path is a URI; the chunk's path is the warehouse-relative tail of it.
-        rel = F.regexp_extract(F.col("_metadata.file_path"), r"([^/]+/[^/]+/[^/]+/[^/]+)$", 1)
-        base = F.create_map(*mapping)[rel]
+    base = _per_file(chunks, lambda chunk: pack_order(chunk.order))
     if ingester:
         return (base + F.col(WRITE_SEQ)).cast("long")
     return base.cast("long")
+
+
+def write_order_column(chunks: Sequence[Chunk], ingester: bool) -> Column:
+    """Each row's `__write_order` (model.WRITE_ORDER): a persisted or compacted file's own column, else (an
+    ingester chunk, a file of one write, a file persisted before the column existed) the chunk's order."""
+    base = _per_file(chunks, lambda chunk: chunk.order).cast("long")
+    if ingester:
+        return base
+    return F.coalesce(F.col(WRITE_ORDER), base)
 
 
 def deduplicate(df: DataFrame, keys: Sequence[str]) -> DataFrame:

@@ -11,7 +11,8 @@ from helpers import live_chunks
 
 from iox_planner import storage
 from iox_planner.catalog import freshness
-from iox_planner.catalog.store import Catalog, CatalogSource, drop_database
+from iox_planner.catalog.drops import drop_database
+from iox_planner.catalog.store import Catalog, CatalogSource
 from iox_planner.ingest import register
 from iox_planner.ingest import write as ingest
 from iox_planner.ingest.scenario import load_scenario, parse_scenario

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
-from iox_planner.timeutil import check_range, format_time
+from iox_planner.timeutil import check_range, format_time, partition_bounds
 
 CHUNK_ORDER = "__chunk_order"
 """Virtual column carrying chunk order (and write position for ingester data) down to the dedup."""
@@ -15,6 +15,12 @@ WRITE_SEQ = "__seq"
 """Stored column of an ingester chunk: each row's write position inside its chunk (later wins)."""
 
 TIME = "time"
+
+WRITE_ORDER = "__write_order"
+"""Stored column of a persisted or compacted Parquet file: per row, the order of the newest write of its key (the
+dedup keeps it as it keeps any never-null field). A file without it (an ingester chunk, a file of one write, a file
+persisted before catalog migration 0008) has its own order on every row. A changes read filters on it, as a
+virtual column the executor fills from the file or the chunk's order."""
 
 # --- the one place for names iox-batch adds to what Spark sees, and for the chunk-order packing ---------------------
 
@@ -29,7 +35,7 @@ HIDDEN_PREFIX = "__iox_tns_"
 INTERNAL_PREFIX = "__iox_"
 """Every name iox-batch adds to the SQL Spark runs starts so (views, nanosecond helpers), or is one of
 `INTERNAL_NAMES`; a user's query may use none of them, in any spelling."""
-INTERNAL_NAMES = frozenset({TIME_NS, CHUNK_ORDER, WRITE_SEQ})
+INTERNAL_NAMES = frozenset({TIME_NS, CHUNK_ORDER, WRITE_SEQ, WRITE_ORDER})
 
 
 def time_ns_column(view: str) -> str:
@@ -145,6 +151,20 @@ class TableSchema:
         return [*self.tags, *self.fields, TIME]
 
 
+@dataclass(frozen=True)
+class ChangeWindow:
+    """What a changes read returns: the current rows of the keys whose newest write has an order in `(since,
+    until]`. `watermark` is `until` as the opaque text to pass as the next read's `since` (catalog/changes.py)."""
+
+    since: int
+    until: int
+    watermark: str
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.since <= self.until <= MAX_ORDER:
+            raise ValueError(f"a change window needs 0 <= since <= until <= {MAX_ORDER}")
+
+
 class ChunkSource(Protocol):
     """Where the planner gets tables and chunks: the Postgres catalog, or a scenario file's metadata alone."""
 
@@ -163,6 +183,15 @@ class ChunkSource(Protocol):
         """The partition sort key of each partition of `table` that has one fixed."""
         ...
 
+    def retention(self) -> int | None:
+        """The database's retention period in ns (None: data is kept forever)."""
+        ...
+
+    def written(self, table: str, since: int, until: int) -> Sequence[tuple[int, int]]:
+        """Inclusive time ranges holding every key of `table` written with an order in `(since, until]`, sorted
+        and disjoint (a superset is fine: a changes read's exact cut is the rows' write orders)."""
+        ...
+
 
 @dataclass(frozen=True)
 class StaticSource:
@@ -172,6 +201,7 @@ class StaticSource:
     chunk_list: tuple[Chunk, ...]
     table_schemas: Mapping[str, TableSchema] = field(default_factory=dict)
     partition_sort_keys: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    retention_ns: int | None = None
 
     def tables(self) -> Mapping[str, TableSchema]:
         out: dict[str, dict[str, ColumnType]] = {}
@@ -193,6 +223,21 @@ class StaticSource:
     def sort_keys(self, table: str) -> Mapping[str, tuple[str, ...]]:
         return dict(self.partition_sort_keys.get(table, {}))
 
+    def retention(self) -> int | None:
+        return self.retention_ns
+
+    def written(self, table: str, since: int, until: int) -> Sequence[tuple[int, int]]:
+        """The time ranges of the chunks of `table` with an order in `(since, until]` (a chunk of unknown time
+        range: its whole day), merged."""
+        from iox_planner.timeutil import partition_bounds
+
+        spans = []
+        for c in self.chunk_list:
+            if c.table == table and since < c.order <= until:
+                spans.append((c.time_min, c.time_max) if c.time_min is not None and c.time_max is not None
+                             else partition_bounds(c.partition))
+        return merge_ranges(spans)
+
 
 @dataclass(frozen=True)
 class RunKey:
@@ -209,3 +254,14 @@ class RunKey:
 
     def describe(self) -> str:
         return f"{self.definition} [{format_time(self.interval_start)}, {format_time(self.interval_end)})"
+
+
+def merge_ranges(spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Inclusive ranges sorted and merged where they overlap or touch."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out

@@ -82,3 +82,25 @@ def check_range(start: int | None, end: int | None) -> None:
             f"time range start {format_time(start)} is not before its end {format_time(end)}; "
             "time ranges are half-open [start, end), so start must be earlier than end"
         )
+
+
+DURATION_UNITS = {"s": NS_PER_SECOND, "m": 60 * NS_PER_SECOND, "h": 3600 * NS_PER_SECOND, "d": NS_PER_DAY,
+                  "w": 7 * NS_PER_DAY}
+_DURATION = re.compile(r"^([1-9][0-9]{0,9})([smhdw])$")
+
+
+def parse_duration(text: str, *, what: str = "duration") -> int:
+    """A whole number and one unit (`90s`, `15m`, `12h`, `30d`, `4w`) as nanoseconds."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise BadInputError(f"{what} {text[:40]!r} is not a duration; write a whole number and one unit: s, m, h, d "
+                            "or w (as in 36h or 30d)")
+    return int(match[1]) * DURATION_UNITS[match[2]]
+
+
+def format_duration(ns: int) -> str:
+    """Nanoseconds as the largest unit that divides them whole (`30d`, `36h`), the way `parse_duration` reads."""
+    for unit in ("w", "d", "h", "m", "s"):
+        if ns % DURATION_UNITS[unit] == 0:
+            return f"{ns // DURATION_UNITS[unit]}{unit}"
+    return f"{ns}ns"

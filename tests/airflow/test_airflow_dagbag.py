@@ -58,7 +58,8 @@ def test_every_dag_loads_without_import_errors_and_without_a_database(airflow_en
 
     query = dags["iox_query"]
     assert query["timetable"] == "NullTimetable"
-    assert set(query["params"]) == {"db", "sql", "args", "time_start", "time_end", "output", "format", "timeout_s"}
+    assert set(query["params"]) == {"db", "sql", "args", "time_start", "time_end", "output", "format", "timeout_s",
+                                    "changes_since"}
     assert query["params"]["format"] == "parquet" and query["params"]["args"] == {}
     assert query["params"]["timeout_s"] is None
     assert list(query["tasks"]) == ["plan", "run", "merge", "commit"]

@@ -34,7 +34,9 @@ def test_persist_merges_columns_last_non_null_wins(catalog: Catalog, db: str, wa
     write(catalog, db, f"m,host=A f1=5 {T0}\nm,host=A f1=6 {T0}")  # within one chunk, the later write wins
     (result,) = persist(catalog, db)
     assert (result.chunks_in, result.rows_in, result.rows_out) == (3, 4, 1)
-    assert persisted_rows(catalog, db, warehouse, "m") == [{"host": "A", "f1": 6.0, "f2": 3.0, "time": T0}]
+    # The file keeps the order of the key's newest write (the third write: order 3), for changes reads.
+    assert persisted_rows(catalog, db, warehouse, "m") == [
+        {"host": "A", "f1": 6.0, "f2": 3.0, "time": T0, "__write_order": 3}]
 
 
 def test_persist_null_tag_equals_null_tag_and_1ns_apart_stays(catalog: Catalog, db: str, warehouse: Path) -> None:
@@ -50,10 +52,10 @@ def test_persist_null_tag_equals_null_tag_and_1ns_apart_stays(catalog: Catalog, 
     rows = persisted_rows(catalog, db, warehouse, "m")
     # Sort key: host has 1 distinct value, region 1: ties by name -> host, region, time; NULLs first.
     assert rows == [
-        {"host": None, "region": None, "v": 3.0, "w": None, "time": T0},
-        {"host": None, "region": "x", "v": 4.0, "w": None, "time": T0},
-        {"host": "a", "region": None, "v": 1.0, "w": True, "time": T0},
-        {"host": "a", "region": None, "v": 5.0, "w": None, "time": T0 + 1},
+        {"host": None, "region": None, "v": 3.0, "w": None, "time": T0, "__write_order": 1},
+        {"host": None, "region": "x", "v": 4.0, "w": None, "time": T0, "__write_order": 1},
+        {"host": "a", "region": None, "v": 1.0, "w": True, "time": T0, "__write_order": 2},
+        {"host": "a", "region": None, "v": 5.0, "w": None, "time": T0 + 1, "__write_order": 1},
     ]
 
 

@@ -153,7 +153,8 @@ def test_refresh_recomputes_exactly_the_stale_interval_then_its_rollup(
     report = status(capsys, hourly)
     assert states(report[hourly]) == [("00:00", "fresh"), ("01:00", "stale"), ("02:00", "fresh")]
     assert report[hourly]["intervals"][1]["late"] == [
-        {"db": db, "table": "cpu", "chunks": 1, "rows": 3, "partitions": ["2024-01-01"], "dropped": False}]
+        {"db": db, "table": "cpu", "chunks": 1, "rows": 3, "partitions": ["2024-01-01"], "dropped": False,
+         "table_dropped": False}]
     # Persisting moves the late rows into a second file spanning the three hours (a newer order over every hour):
     # still only the second hour is stale, and the daily rollup (its input table has not changed yet) is fresh.
     persist.persist(catalog, db)

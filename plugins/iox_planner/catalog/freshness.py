@@ -11,7 +11,9 @@
   a write committed before the snapshot has an order at or below it and its chunks are in the list. So
   "event order > watermark" is exactly "the run did not see this write".
 - An interval is **stale** iff a write event of a table it read has an order above its watermark and a time range
-  overlapping the interval, or a database it read was dropped. `stale_reads` finds them for one definition in one
+  overlapping the interval, or a database it read was dropped, or a table it read was dropped after its run read
+  it (a table drop marker, catalog/drops.py, has an order above its watermark). Retention expiry logs nothing:
+  data that ages out makes no interval stale. `stale_reads` finds them for one definition in one
   indexed query.
 
 Imports neither Airflow nor Spark.
@@ -74,10 +76,16 @@ class LateData:
     rows: int
     partitions: tuple[str, ...]
     dropped: bool
+    table_dropped: bool = False
 
     def describe(self) -> str:
         if self.dropped:
             return f"database {self.db} was dropped"
+        if self.table_dropped and not self.chunks:
+            return f"table {self.db}.{self.table} was dropped after it ran"
+        if self.table_dropped:
+            return (f"table {self.db}.{self.table} was dropped after it ran, and {self.chunks} chunk(s), "
+                    f"{self.rows} row(s) arrived in a table of that name (partition {', '.join(self.partitions)})")
         where = ", ".join(self.partitions)
         return (f"{self.chunks} chunk(s), {self.rows} row(s) arrived in {self.db}.{self.table} "
                 f"(partition {where}) after it ran")
@@ -199,12 +207,18 @@ _STALE = sa.text("""
                        WHERE w.database_id = r.database_id AND w.table_name = r.table_name
                          AND w.hour_start > r.interval_start - :hour AND w.hour_start < r.interval_end
                          AND w.max_order > r.watermark)
-               OR EXISTS (SELECT 1 FROM iox_database_drop d WHERE d.database_id = r.database_id))
+               OR EXISTS (SELECT 1 FROM iox_database_drop d WHERE d.database_id = r.database_id)
+               OR EXISTS (SELECT 1 FROM iox_table_drop t WHERE t.database_id = r.database_id
+                            AND t.table_name = r.table_name AND t.drop_order > r.watermark))
     )
     SELECT r.interval_start, r.interval_end, r.database_name, r.table_name,
-           d.database_id IS NOT NULL AS dropped, late.chunks, late.rows, late.partitions
+           d.database_id IS NOT NULL AS dropped, td.dropped AS table_dropped, late.chunks, late.rows, late.partitions
     FROM flagged r
     LEFT JOIN iox_database_drop d ON d.database_id = r.database_id
+    CROSS JOIN LATERAL (
+        SELECT EXISTS (SELECT 1 FROM iox_table_drop t WHERE t.database_id = r.database_id
+                         AND t.table_name = r.table_name AND t.drop_order > r.watermark) AS dropped
+    ) td
     CROSS JOIN LATERAL (
         SELECT count(*) AS events, coalesce(sum(e.chunks), 0) AS chunks, coalesce(sum(e.row_count), 0) AS rows,
                array_agg(DISTINCT e.partition_key) AS partitions
@@ -222,7 +236,7 @@ _STALE = sa.text("""
               AND l.max_time >= r.interval_start AND l.write_order > r.watermark
         ) e
     ) late
-    WHERE late.events > 0 OR d.database_id IS NOT NULL
+    WHERE late.events > 0 OR d.database_id IS NOT NULL OR td.dropped
     ORDER BY r.interval_start, r.interval_end, r.database_name, r.table_name
 """)
 
@@ -240,7 +254,7 @@ def stale_reads(conn: Connection, definition: str, start: int | None = None,
     for r in rows:
         out[(int(r.interval_start), int(r.interval_end))].append(LateData(
             r.database_name, r.table_name, int(r.chunks), int(r.rows),
-            tuple(p for p in (r.partitions or []) if p is not None), bool(r.dropped)))
+            tuple(p for p in (r.partitions or []) if p is not None), bool(r.dropped), bool(r.table_dropped)))
     return dict(out)
 
 

@@ -22,7 +22,9 @@ writes and registrations of the partition, one at a time; plain writes go on) an
 the sweep of unreferenced files, which skips a database with a write in flight).
 
 The run locks of materialized intervals are not locks of this kind: rows with a holder and an expiry, taken over
-by the run lifecycle's rules (`catalog/runs.py`).
+by the run lifecycle's rules (`catalog/runs.py`). A table drop freezes them for its transaction
+(`freeze_run_locks`: none is taken, taken over or released meanwhile) to see every run that registers into the
+table.
 """
 
 from __future__ import annotations
@@ -116,3 +118,10 @@ def try_lock_orders(conn: Connection, db_id: int) -> bool:
     order row): no write into the database is in flight while it is held."""
     return conn.execute(sa.select(database_orders.c.database_id).where(database_orders.c.database_id == db_id)
                         .with_for_update(skip_locked=True)).first() is not None
+
+
+def freeze_run_locks(conn: Connection) -> None:
+    """Until `conn`'s transaction ends, no run lock is taken, taken over or released (a SHARE lock on the run lock
+    table: writers of its rows wait, readers and `check_lock`'s FOR UPDATE do not), and every one taken before is
+    committed and visible. Held briefly, by a table drop only."""
+    conn.execute(sa.text("LOCK TABLE iox_run_lock IN SHARE MODE"))

@@ -67,6 +67,7 @@ def start_run(
         database_name=database, definition=definition, dag_id=dag_id, run_id=run_id, interval_start=interval[0],
         interval_end=interval[1], params=_jsonable(params), plan=None, output=output, row_count=None,
         status=RunStatus.RUNNING.value, error=None, started_at=sa.func.now(), finished_at=None, duration_s=None,
+        changes_watermark=None,
     )
     insert = pg.insert(query_runs).values(**values)
     with _transaction(catalog, conn) as c:
@@ -83,6 +84,12 @@ def start_run(
 def record_plan(catalog: Catalog, run: int, plan: Mapping[str, Any], *, conn: Connection | None = None) -> None:
     with _transaction(catalog, conn) as c:
         c.execute(query_runs.update().where(query_runs.c.id == run).values(plan=_jsonable(plan)))
+
+
+def record_changes_watermark(catalog: Catalog, run: int, watermark: str) -> None:
+    """The watermark a changes read hands on (its plan's window end), on its run's record."""
+    with _transaction(catalog, None) as c:
+        c.execute(query_runs.update().where(query_runs.c.id == run).values(changes_watermark=watermark))
 
 
 def finish_run(
@@ -147,7 +154,8 @@ def table_origin(catalog: Catalog, db: str, table: str) -> TableOrigin:
     with catalog.engine.connect() as conn:
         db_id = conn.execute(sa.select(databases.c.id).where(databases.c.name == db)).scalar_one_or_none()
         row = None if db_id is None else conn.execute(sa.select(tables.c.registered_by).where(
-            tables.c.database_id == db_id, tables.c.name == table)).first()
+            tables.c.database_id == db_id, tables.c.name == table,
+            tables.c.dropped_at.is_(None))).first()
         if row is None:
             return TableOrigin(False, (), ())
         ingested = conn.execute(sa.select(write_events.c.source).distinct().where(

@@ -19,6 +19,8 @@ databases = sa.Table(
     sa.Column("id", sa.BigInteger, primary_key=True),
     sa.Column("name", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True)),
+    # Migration 0008: nanoseconds, NULL for none (catalog/retention.py).
+    sa.Column("retention_ns", sa.BigInteger),
 )
 tables = sa.Table(
     "iox_table", metadata,
@@ -27,6 +29,8 @@ tables = sa.Table(
     sa.Column("name", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True)),
     sa.Column("registered_by", sa.Text),  # migration 0007: the materialized query whose runs register it
+    # Migration 0008: set when the table is dropped; only live tables (NULL) hold their name.
+    sa.Column("dropped_at", sa.DateTime(timezone=True)),
 )
 columns = sa.Table(
     "iox_column", metadata,
@@ -91,6 +95,7 @@ query_runs = sa.Table(
     sa.Column("started_at", sa.DateTime(timezone=True)),
     sa.Column("finished_at", sa.DateTime(timezone=True)),
     sa.Column("duration_s", sa.Float),
+    sa.Column("changes_watermark", sa.Text),  # migration 0008: what a changes read handed on
 )
 migrations_table = sa.Table(
     "iox_schema_migration", metadata,
@@ -164,5 +169,28 @@ materialized_reads = sa.Table(
     sa.Column("watermark", sa.BigInteger, nullable=False),
     sa.Column("query_run_id", sa.BigInteger),
     sa.Column("recorded_at", sa.DateTime(timezone=True)),
+)
+# The life of data (migration 0008): dropped tables, changes reads' gaps, the catalog's identity.
+table_drops = sa.Table(
+    "iox_table_drop", metadata,
+    sa.Column("table_id", sa.BigInteger, primary_key=True),
+    sa.Column("database_id", sa.BigInteger, nullable=False),
+    sa.Column("table_name", sa.Text, nullable=False),
+    sa.Column("drop_order", sa.BigInteger, nullable=False),
+    sa.Column("dropped_at", sa.DateTime(timezone=True)),
+)
+changes_gaps = sa.Table(
+    "iox_changes_gap", metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("database_id", sa.BigInteger, nullable=False),
+    sa.Column("from_order", sa.BigInteger, nullable=False),
+    sa.Column("to_order", sa.BigInteger, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("recorded_at", sa.DateTime(timezone=True)),
+)
+catalog_identity = sa.Table(
+    "iox_catalog_identity", metadata,
+    sa.Column("singleton", sa.Boolean, primary_key=True),
+    sa.Column("catalog_id", pg.UUID(as_uuid=False), nullable=False),
 )
 CHUNK_TABLES = {ChunkKind.PARQUET: parquet_files, ChunkKind.INGESTER: ingester_chunks}

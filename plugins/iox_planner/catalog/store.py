@@ -3,14 +3,13 @@ parameters only)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection, Engine
 
-from iox_planner.catalog.freshness import TableRead, committed_order, record_drop
+from iox_planner.catalog.freshness import TableRead, committed_order
 from iox_planner.catalog.localpg import catalog_url
 from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog import locks
@@ -25,7 +24,7 @@ from iox_planner.catalog.schema import (
     tables,
 )
 from iox_planner.errors import BadInputError, CatalogError, CatalogUnavailableError
-from iox_planner.model import MAX_ORDER, Chunk, ChunkKind, ColumnType, TableSchema
+from iox_planner.model import MAX_ORDER, ChangeWindow, Chunk, ChunkKind, ColumnType, TableSchema
 from iox_planner.timeutil import NS_PER_DAY
 
 
@@ -177,14 +176,17 @@ class Catalog:
         return db_id
 
     def ensure_table(self, conn: Connection, db_id: int, name: str, *, registered_by: str | None = None) -> int:
-        """The table's id, created when missing; `registered_by` is recorded only by the creating call."""
+        """The live table `name`, created when missing (a dropped table of that name stays dropped: a new id);
+        `registered_by` is recorded only by the creating call."""
         conn.execute(pg.insert(tables).values(database_id=db_id, name=name, registered_by=registered_by)
                      .on_conflict_do_nothing())
-        return int(conn.execute(
-            sa.select(tables.c.id).where(tables.c.database_id == db_id, tables.c.name == name)).scalar_one())
+        return int(conn.execute(sa.select(tables.c.id).where(
+            tables.c.database_id == db_id, tables.c.name == name, tables.c.dropped_at.is_(None))).scalar_one())
 
     def table_ids(self, conn: Connection, db_id: int) -> dict[str, int]:
-        rows = conn.execute(sa.select(tables.c.name, tables.c.id).where(tables.c.database_id == db_id))
+        """The live tables of a database (a dropped one keeps its row while its files wait out the grace period)."""
+        rows = conn.execute(sa.select(tables.c.name, tables.c.id).where(tables.c.database_id == db_id,
+                                                                         tables.c.dropped_at.is_(None)))
         return {r.name: int(r.id) for r in rows}
 
     def table_columns(self, conn: Connection, table_id: int) -> dict[str, ColumnType]:
@@ -299,6 +301,11 @@ class Catalog:
         conn.execute(table.update().where(table.c.id.in_(list(ids)), table.c.to_delete.is_(None))
                      .values(to_delete=sa.func.now()))
 
+    def retire_partition(self, conn: Connection, partition_id: int) -> int:
+        """Retire every live chunk of a partition (retention expiry); how many."""
+        return sum(int(conn.execute(ct.update().where(ct.c.partition_id == partition_id, ct.c.to_delete.is_(None))
+                                    .values(to_delete=sa.func.now())).rowcount) for ct in CHUNK_TABLES.values())
+
     def promote_files(self, conn: Connection, ids: Sequence[int], level: int) -> int:
         """Raise live L0 Parquet files to `level` in place (compaction's promotion: same file, order and rows);
         the number of rows changed (a file retired or already promoted meanwhile is not)."""
@@ -366,7 +373,7 @@ class Catalog:
             sa.select(tables.c.name.label("table_name"), partitions.c.id, partitions.c.partition_key,
                       partitions.c.sort_key)
             .join_from(partitions, tables, partitions.c.table_id == tables.c.id)
-            .where(tables.c.database_id == db_id)
+            .where(tables.c.database_id == db_id, tables.c.dropped_at.is_(None))
             .order_by(tables.c.name, partitions.c.partition_key)
         )
         if table is not None:
@@ -386,24 +393,6 @@ class Catalog:
     def delete_chunk_rows(self, conn: Connection, kind: ChunkKind, ids: Sequence[int]) -> None:
         ct = CHUNK_TABLES[kind]
         conn.execute(ct.delete().where(ct.c.id.in_(list(ids))))
-
-
-def drop_database(catalog: Catalog, name: str, warehouse_root: Path) -> int:
-    """Delete a database: its catalog rows in one transaction, then its warehouse folder. Returns its id."""
-    import shutil
-
-    with catalog.engine.begin() as conn:
-        db_id = catalog.database_id(conn, name)
-        table_ids = sa.select(tables.c.id).where(tables.c.database_id == db_id).scalar_subquery()
-        for ct in CHUNK_TABLES.values():
-            conn.execute(ct.delete().where(ct.c.table_id.in_(table_ids)))
-        conn.execute(partitions.delete().where(partitions.c.table_id.in_(table_ids)))
-        conn.execute(columns.delete().where(columns.c.table_id.in_(table_ids)))
-        conn.execute(tables.delete().where(tables.c.database_id == db_id))
-        conn.execute(databases.delete().where(databases.c.id == db_id))
-        record_drop(conn, db_id, name)  # what read it is stale now (catalog/freshness.py)
-    shutil.rmtree(warehouse_root / str(db_id), ignore_errors=True)
-    return db_id
 
 
 def open_catalog() -> Catalog:
@@ -437,6 +426,8 @@ class CatalogSource:
     """The planner's ChunkSource over one database of the catalog (read in short transactions)."""
 
     def __init__(self, catalog: Catalog, db: str) -> None:
+        from iox_planner.catalog.retention import retention_of
+
         self.catalog = catalog
         self.db = db
         with catalog.engine.connect() as conn:
@@ -445,10 +436,32 @@ class CatalogSource:
                 name: TableSchema(name, catalog.table_columns(conn, tid))
                 for name, tid in catalog.table_ids(conn, self.db_id).items()
             }
+            self._retention = retention_of(conn, self.db_id)
         self.watermarks: dict[str, int] = {}
 
     def tables(self) -> Mapping[str, TableSchema]:
         return self._tables
+
+    def retention(self) -> int | None:
+        return self._retention
+
+    def change_window(self, since: str) -> ChangeWindow:
+        """The window of a changes read since the watermark text `since` (catalog/changes.py), validated; taken
+        before any chunk list, so every write inside it is in every table's list."""
+        from iox_planner.catalog.changes import change_window
+
+        with self.catalog.engine.connect() as conn:
+            return change_window(conn, self.db_id, self.db, since)
+
+    def written(self, table: str, since: int, until: int) -> Sequence[tuple[int, int]]:
+        """Where keys of `table` written in `(since, until]` lie (the write log); a table dropped in that window is
+        an error (catalog/changes.py)."""
+        from iox_planner.catalog.changes import check_not_dropped, written_ranges
+
+        window = ChangeWindow(since, until, "")
+        with self.catalog.engine.connect() as conn:
+            check_not_dropped(conn, self.db_id, self.db, table, window)
+            return written_ranges(conn, self.db_id, table, window)
 
     def reads(self) -> list[TableRead]:
         """What the planner read so far: per table, the committed order counter of its snapshot."""

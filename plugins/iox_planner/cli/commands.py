@@ -39,7 +39,11 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         catalog = Catalog()
         catalog.require_schema()
         source = CatalogSource(catalog, args.db)
-    return plan_query(args.sql, source, params=params, time_start=lo, time_end=hi, settings=settings)
+    since = getattr(args, "changes_since", None)
+    # Taken before any chunk list (catalog/changes.py): every write inside the window is in every table's list.
+    changes = source.change_window(since) if since is not None else None
+    return plan_query(args.sql, source, params=params, time_start=lo, time_end=hi, settings=settings,
+                      changes=changes)
 
 
 def explain(args: argparse.Namespace) -> str:
@@ -60,8 +64,9 @@ def explain(args: argparse.Namespace) -> str:
     return str(render(plan_from_args(args), args.format))
 
 
-def query(args: argparse.Namespace, console: Any) -> int:
-    """Plan against the catalog and run on Spark; print or write the result."""
+def query(args: argparse.Namespace, console: Any, err: Any) -> int:
+    """Plan against the catalog and run on Spark; print or write the result. A changes read then prints the
+    watermark to pass next time on standard error (`err`), once the result is out."""
     import sys
     from pathlib import Path
 
@@ -87,6 +92,8 @@ def query(args: argparse.Namespace, console: Any) -> int:
     if output is not None:
         what = f"{rows} rows" if rows >= 0 else "result"
         console.print(f"{what} written to {output} ({fmt.value})")
+    if plan.changes is not None:
+        err.print(f"watermark: {plan.changes.watermark}")
     return 0
 
 

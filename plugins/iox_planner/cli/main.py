@@ -185,13 +185,41 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_drop(args: argparse.Namespace) -> int:
-    from iox_planner.catalog.store import drop_database
+    from iox_planner.catalog.drops import drop_database, drop_table
     from iox_planner.config import warehouse
 
+    if args.table is not None:
+        if not args.yes:
+            raise BadInputError(f"dropping table {args.table!r} of database {args.db!r} removes it from queries at "
+                                "once and deletes its files after the grace period; add --yes to confirm")
+        done = drop_table(_catalog(), args.db, args.table)
+        report.print(f"dropped table {done.table} of database {done.db} (order {done.order}); {done.chunks} "
+                     "chunk(s) retired, their files are deleted after the grace period")
+        return 0
     if not args.yes:
         raise BadInputError(f"dropping database {args.db!r} deletes its catalog rows and files; add --yes to confirm")
     drop_database(_catalog(), args.db, warehouse())
     report.print(f"dropped database {args.db}")
+    return 0
+
+
+def cmd_database(args: argparse.Namespace) -> int:
+    from iox_planner.catalog.retention import create_database, describe_retention, parse_retention, set_retention
+
+    catalog = _catalog()
+    if args.database_command == "create":
+        retention = parse_retention(args.retention or "none")
+        with catalog.engine.begin() as conn:
+            create_database(conn, args.name, retention)
+        report.print(f"created database {args.name} (retention {describe_retention(retention)})")
+        return 0
+    if args.retention is None:
+        raise BadInputError("database update changes the retention: give --retention DURATION (e.g. 30d) or none")
+    retention = parse_retention(args.retention)
+    with catalog.engine.begin() as conn:
+        change = set_retention(conn, catalog.database_id(conn, args.name), args.name, retention)
+    report.print(f"database {args.name}: retention {describe_retention(change.before)} -> "
+                 f"{describe_retention(change.after)}")
     return 0
 
 
@@ -213,7 +241,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_query(args: argparse.Namespace) -> int:
     from iox_planner.cli.commands import query
 
-    return query(args, report)
+    return query(args, report, err)
 
 
 def cmd_materialized_status(args: argparse.Namespace) -> int:
@@ -227,6 +255,12 @@ def cmd_materialized_refresh(args: argparse.Namespace) -> int:
 
     # A dry run's list is what it is for; a real run reports refreshes already committed.
     return refresh(args, out if args.dry_run else report)
+
+
+def cmd_materialized_run(args: argparse.Namespace) -> int:
+    from iox_planner.cli.materialized import run
+
+    return run(args, report)
 
 
 # --- argument parsing ----------------------------------------------------------------------------------------
@@ -356,8 +390,21 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("table", nargs="?", metavar="TABLE")
     show.set_defaults(func=cmd_show)
 
-    drop = sub.add_parser("drop", help="delete a database: its catalog rows and its files")
+    database = sub.add_parser("database", help="create a database, or change its retention period")
+    db_sub = database.add_subparsers(dest="database_command", required=True, metavar="ACTION")
+    for action, text in (("create", "a new, empty database (writes create one too, with no retention)"),
+                         ("update", "change an existing database's retention")):
+        p = db_sub.add_parser(action, help=text)
+        p.add_argument("name", metavar="DB", help="database name ([A-Za-z0-9_-]{1,64})")
+        p.add_argument("--retention", metavar="DURATION|none",
+                       help="keep rows newer than now minus this (1h to 36500d: s, m, h, d, w), or none to keep "
+                            "everything" + (" (default)" if action == "create" else ""))
+        p.set_defaults(func=cmd_database)
+
+    drop = sub.add_parser("drop", help="delete a database (its catalog rows and files), or one table of it")
     _add_db(drop)
+    drop.add_argument("--table", help="drop only this table: gone from queries at once, its files deleted after "
+                      "the grace period")
     drop.add_argument("--yes", action="store_true", help="confirm")
     drop.set_defaults(func=cmd_drop)
 
@@ -378,6 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--format", choices=["table", "csv", "jsonl", "parquet"], default="table")
     query.add_argument("--output", metavar="PATH",
                        help="write here (a file for csv/jsonl, a folder for parquet) instead of standard output")
+    query.add_argument("--changes-since", metavar="WATERMARK|beginning",
+                       help="only the current rows of the keys written after this watermark (printed on standard "
+                            "error by the previous changes read; `beginning` for every key)")
     _add_timeout(query, "the query")
     _add_query_options(query)
     query.set_defaults(func=cmd_query)
@@ -396,6 +446,13 @@ def build_parser() -> argparse.ArgumentParser:
     mrefresh.add_argument("--to", metavar="T", help="only intervals starting before T (RFC 3339)")
     mrefresh.add_argument("--dry-run", action="store_true", help="list what would be refreshed; change nothing")
     mrefresh.set_defaults(func=cmd_materialized_refresh)
+    mrun = mat_sub.add_parser("run", help="publish every interval of NAME within [--from, --to), never-run ones "
+                              "included, as a scheduled run would (a backfill without a scheduler)")
+    mrun.add_argument("name", metavar="NAME")
+    mrun.add_argument("--from", dest="from_", metavar="T", required=True,
+                      help="first interval start (RFC 3339); intervals starting at or after T")
+    mrun.add_argument("--to", metavar="T", required=True, help="intervals ending at or before T (RFC 3339)")
+    mrun.set_defaults(func=cmd_materialized_run)
     return parser
 
 

@@ -76,8 +76,7 @@ def refresh(args: argparse.Namespace, console: Any) -> int:
     chain = refresh_mod.with_dependants(every, args.name)
     catalog = Catalog()
     catalog.require_schema()
-    run_spark: refresh_mod.RunSpark | None = None  # chosen at the first interval to run (IOX_RUNNER)
-    who = f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
+    runner = _Runner("refresh", settings)
     failed = refreshed = 0
     try:
         for level in refresh_mod.refresh_levels(chain):
@@ -91,13 +90,7 @@ def refresh(args: argparse.Namespace, console: Any) -> int:
                     if args.dry_run:
                         console.print(f"would refresh {definition.name} {when}: {'; '.join(state.reasons)}")
                         continue
-                    if run_spark is None:
-                        from iox_planner.cli.runner import staged_runner
-
-                        run_spark = staged_runner()
-                    run = RunIdentity("iox-batch", f"refresh:{definition.name}:{format_time(state.start)}:{who}")
-                    result = refresh_mod.refresh_interval(definition, state.start, state.end, run, settings,
-                                                          run_spark=run_spark)
+                    result = runner.run(definition, state.start, state.end)
                     console.print(refresh_mod.describe(result))
                     refreshed += result.ok
                     failed += not result.ok
@@ -111,4 +104,55 @@ def refresh(args: argparse.Namespace, console: Any) -> int:
         raise BadInputError(f"{failed} interval(s) failed to refresh and stay stale with their old output "
                             f"({refreshed} refreshed); see the messages above")
     console.print(f"{refreshed} interval(s) refreshed" if refreshed else "nothing is stale")
+    return 0
+
+
+class _Runner:
+    """Runs intervals one by one through `refresh_mod.refresh_interval` (the plan, commit, lock and record of an
+    Airflow run), as `iox-batch` runs identified by the user, host and process; Spark is chosen at the first
+    interval run (IOX_RUNNER, cli/runner.py `staged_runner`)."""
+
+    def __init__(self, kind: str, settings: AirflowSettings) -> None:
+        self.kind = kind
+        self.settings = settings
+        self.who = f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
+        self.run_spark: refresh_mod.RunSpark | None = None
+
+    def run(self, definition: MaterializedQuery, start: int, end: int) -> refresh_mod.RefreshResult:
+        if self.run_spark is None:
+            from iox_planner.cli.runner import staged_runner
+
+            self.run_spark = staged_runner()
+        run = RunIdentity("iox-batch", f"{self.kind}:{definition.name}:{format_time(start)}:{self.who}")
+        return refresh_mod.refresh_interval(definition, start, end, run, self.settings, run_spark=self.run_spark)
+
+
+def run(args: argparse.Namespace, console: Any) -> int:
+    """`iox-batch materialized run NAME --from T --to T`: publish every scheduled interval of NAME lying within
+    [T, T) that has ended, never-run, fresh or stale alike (a backfill without a scheduler), oldest first. An
+    interval another run holds fails alone (its run lock), and the others go on."""
+    import datetime as dt
+
+    settings = AirflowSettings.from_env()
+    definition = refresh_mod.pick(load_definitions(settings.materialized_dir), args.name)
+    lo = parse_time(args.from_, what="--from")
+    hi = parse_time(args.to, what="--to")
+    if lo >= hi:
+        raise BadInputError(f"--from {args.from_} is not before --to {args.to}")
+    now = dt.datetime.now(dt.timezone.utc)
+    todo = [(a, b) for a, b in refresh_mod.scheduled_intervals(definition, now) if lo <= a and b <= hi]
+    if not todo:
+        raise BadInputError(f"no scheduled interval of {definition.name} ({definition.cron}, from "
+                            f"{definition.start_date:%Y-%m-%dT%H:%M:%SZ}) lies within [{args.from_}, {args.to}) "
+                            "and has ended; nothing was run")
+    runner = _Runner("run", settings)
+    failed = 0
+    for start, end in todo:
+        result = runner.run(definition, start, end)
+        console.print(refresh_mod.describe(result, "published"))
+        failed += not result.ok
+    if failed:
+        raise BadInputError(f"{failed} of {len(todo)} interval(s) failed and published nothing; see the messages "
+                            "above (rerun the same command: published intervals are simply published again)")
+    console.print(f"{len(todo)} interval(s) published")
     return 0

@@ -5,10 +5,11 @@ from __future__ import annotations
 from rich.console import Console
 
 from iox_planner.catalog.names import check_name, excerpt
+from iox_planner.catalog.retention import describe_retention, retention_of
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import CatalogError
 from iox_planner.output.terminal import PlainTable
-from iox_planner.timeutil import format_time
+from iox_planner.timeutil import format_time, now_ns
 
 
 def show(catalog: Catalog, db: str, table: str | None, console: Console) -> None:
@@ -24,8 +25,15 @@ def show(catalog: Catalog, db: str, table: str | None, console: Console) -> None
         chunks = catalog.chunk_rows(conn, db_id, table=table)
         partitions = catalog.partition_rows(conn, db_id, table)
         columns = {name: catalog.table_columns(conn, table_ids[name]) for name in names}
+        retention = retention_of(conn, db_id)
     console.print(f"database {db}: {len(names)} table(s), {len(partitions)} partition(s), "
                   f"{len(chunks)} chunk(s)")
+    if retention is not None:
+        cut = now_ns() - retention
+        past = [c for c in chunks if c.max_time <= cut]
+        console.print(f"retention {describe_retention(retention)}: queries exclude rows at or before "
+                      f"{format_time(cut)}; {len(past)} chunk(s), {sum(c.row_count for c in past)} row(s) wholly "
+                      "past it (retired by the next persist, compaction or maintenance run)")
     if not names:
         return
     tables = PlainTable(title="tables", title_justify="left")

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from iox_planner.errors import CatalogError
 from iox_planner.ingest import arrow_np
 from iox_planner.ingest.lineprotocol import Point
-from iox_planner.model import TIME, WRITE_SEQ, ColumnType, pack_order
+from iox_planner.model import TIME, WRITE_ORDER, WRITE_SEQ, ColumnType, pack_order
 
 ARROW_TYPES: Mapping[ColumnType, pa.DataType] = {
     ColumnType.TAG: pa.string(),
@@ -120,7 +120,8 @@ def sort_table(table: pa.Table, sort_key: Sequence[str]) -> pa.Table:
 
 
 def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, ColumnType],
-                sort_key: Sequence[str] | None = None, *, keep_dictionary: bool = False) -> pa.Table:
+                sort_key: Sequence[str] | None = None, *, keep_dictionary: bool = False,
+                write_orders: bool = False) -> pa.Table:
     """IOx deduplication of `(chunk order, table)` parts: one row per primary key (tags + time, NULL tag equals
     NULL tag); every other column takes its last non-null value by chunk order, then write position (`__seq`).
     Parts may lack columns; the result has all of `columns` and no `__seq`. Tags a part holds dictionary encoded (as
@@ -129,12 +130,17 @@ def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, Col
     dedup, `dedup.deduplicate_table` (the Spark runner's workers use it too), ranked by `pack_order`. With
     `sort_key` (the primary key's columns in sort order), the rows come out sorted on it: no sort needed after.
     `keep_dictionary`: the tags merged dictionary encoded stay so in the result (a writer that encodes them as
-    Parquet dictionaries anyway then skips expanding them to strings and hashing them back)."""
+    Parquet dictionaries anyway then skips expanding them to strings and hashing them back). `write_orders`: the
+    result also has `__write_order` (model.WRITE_ORDER), each key's newest write order: a part's own column where
+    it has one (a persisted or compacted file), else the part's order, merged as a never-null field is (the
+    newest row's), which persist and compaction write so that a changes read can tell which keys came when."""
     import numpy as np
 
     from iox_planner.ingest.dedup import deduplicate_table
 
     schema = arrow_schema(columns)
+    if write_orders:
+        schema = schema.append(pa.field(WRITE_ORDER, pa.int64(), nullable=False))
     # A tag column is dictionary encoded in the merge when any part has it so (all parts must then agree).
     encoded = {name for _, part in parts for name in part.column_names
                if name in columns and columns[name] is ColumnType.TAG and pa.types.is_dictionary(part[name].type)}
@@ -143,7 +149,8 @@ def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, Col
     aligned = []
     ranks = []
     for order, part in parts:
-        arrays = [part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(len(part), f.type)
+        arrays = [_write_orders(part, order) if f.name == WRITE_ORDER
+                  else part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(len(part), f.type)
                   for f in merge_schema]
         aligned.append(pa.Table.from_arrays(arrays, schema=merge_schema))
         seq = (part[WRITE_SEQ].to_numpy() if WRITE_SEQ in part.column_names
@@ -151,7 +158,7 @@ def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, Col
         ranks.append(pack_order(order, 0) + seq)
     if not aligned:
         return schema.empty_table()
-    keys = [n for n in schema.names if columns[n].is_key]
+    keys = [n for n in schema.names if n in columns and columns[n].is_key]
     if sort_key is not None:
         if sorted(sort_key) != sorted(keys):
             raise ValueError(f"sort key {list(sort_key)} is not an order of the primary key {keys}")
@@ -161,6 +168,13 @@ def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, Col
         table = table.unify_dictionaries()
     merged, _ = deduplicate_table(table, keys, np.concatenate(ranks))
     return merged.select(schema.names).cast(merge_schema if keep_dictionary else schema)
+
+
+def _write_orders(part: pa.Table, order: int) -> pa.Array | pa.ChunkedArray:
+    """A part's per-row write orders: its own where it has them, else its chunk order."""
+    if WRITE_ORDER in part.column_names:
+        return part[WRITE_ORDER].cast(pa.int64()).fill_null(pa.scalar(order, pa.int64()))
+    return arrow_np.from_numpy(np.full(len(part), order, dtype=np.int64))
 
 
 def dictionary_columns(columns: Mapping[str, ColumnType]) -> list[str]:

@@ -402,6 +402,7 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
     """
     from iox_planner import storage
     from iox_planner.catalog import locks
+    from iox_planner.catalog.changes import record_gap
     from iox_planner.catalog.freshness import WriteEvent, committed_order, fresh_order, record_writes
     from iox_planner.ingest import write as ingest
     from iox_planner.catalog.names import check_db_name
@@ -463,8 +464,12 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
             # before this load committed (at most `counter`, read under the order lock): the load's highest order
             # if it is above that, else (explicit orders below it) one fresh order from the counter.
             top = max(orders)
-            record_writes(conn, db_id, events, order=top if top > counter else fresh_order(conn, db_id),
-                          source="load")
+            logged = top if top > counter else fresh_order(conn, db_id)
+            record_writes(conn, db_id, events, order=logged, source="load")
+            # Chunks given orders at or below the counter were written "in the past": a changes read since a
+            # watermark at or above the lowest of them would miss them, so such watermarks are refused from now on.
+            if min(orders) <= counter:
+                record_gap(conn, db_id, min(orders), logged, "load")
     except BaseException:
         staged.rollback()
         raise

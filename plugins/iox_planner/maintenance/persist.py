@@ -22,8 +22,8 @@ from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError, clip_message
 from iox_planner.faults import kill_point
 from iox_planner.ingest import files as chunk_files
-from iox_planner.maintenance.sweeps import (DEFAULT_GRACE_SECONDS, collect_garbage, sweep_compaction_strays,
-                                            sweep_unreferenced)
+from iox_planner.maintenance.sweeps import (DEFAULT_GRACE_SECONDS, collect_garbage, expire_partitions,
+                                            sweep_compaction_strays, sweep_unreferenced)
 from iox_planner.model import LOCAL_STORE, TIME, ChunkKind
 
 _log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ def persist(
     Per partition, in one transaction: lock the partition (another persist waits; writes go on), read its live
     ingester chunks, merge them, write the file, register it and retire exactly the chunks read. A write landing
     meanwhile is a chunk this persist did not read, so it stays. Retired files are deleted after a grace period.
+    Partitions past the database's retention are retired first (`sweeps.expire_partitions`), not persisted.
     The sweeps run last; their failure is passed to `warn` (default: the module's logger), never raised.
     """
     root = warehouse or default_warehouse()
@@ -68,6 +69,8 @@ def persist(
         if table is not None and table not in catalog.table_ids(conn, db_id):
             known = ", ".join(sorted(catalog.table_ids(conn, db_id))) or "none"
             raise CatalogError(f"table {excerpt(table)} does not exist in database {db!r} (tables: {known})")
+    expire_partitions(catalog, db_id)
+    with catalog.engine.connect() as conn:
         rows = catalog.chunk_rows(conn, db_id, table=table)
     by_partition: dict[int, list[ChunkRow]] = defaultdict(list)
     for row in rows:
@@ -130,7 +133,8 @@ def _persist_partition(
         table_columns = catalog.table_columns(conn, first.table_id)
         parts = [(c.order, chunk_files.read_chunk(root / c.path, c.display_id)) for c in ingester]
         columns = {name: table_columns[name] for c in ingester for name in c.column_names}
-        merged = chunk_files.deduplicate(parts, columns)
+        # Each row keeps the order of its key's newest write (a changes read's exact cut, catalog/changes.py).
+        merged = chunk_files.deduplicate(parts, columns, write_orders=True)
         key = chunk_files.partition_sort_key(fixed_key, columns, merged)
         if list(key) != list(fixed_key or []):
             catalog.set_sort_key(conn, partition_id, key)

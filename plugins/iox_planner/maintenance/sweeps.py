@@ -1,7 +1,9 @@
-"""Every sweep of the warehouse, in one place: retired files past their grace period (`collect_garbage`), chunk
-files no catalog row names (`sweep_unreferenced`), compaction outputs a killed compaction left
-(`sweep_compaction_strays`) and dead bulk loads' staging (`sweep_bulk_loads`). Persist runs them all; a
-compaction sweeps its own partitions' strays first. Each deletes only names iox-batch gives (`storage.py`), only
+"""Every sweep of the warehouse, in one place: partitions past their database's retention (`expire_partitions`,
+which retires them), retired files past their grace period (`collect_garbage`), chunk files no catalog row names
+(`sweep_unreferenced`), compaction outputs a killed compaction left (`sweep_compaction_strays`) and dead bulk
+loads' staging (`sweep_bulk_loads`). Persist runs them all; a compaction expires partitions and sweeps its own
+partitions' strays first and collects garbage last; the `iox_persist` DAG expires and collects every database
+(`expire_databases`). Each deletes only names iox-batch gives (`storage.py`), only
 what no catalog row names, and only under the lock that keeps the files' owner away."""
 
 from __future__ import annotations
@@ -17,14 +19,57 @@ from typing import Sequence
 import sqlalchemy as sa
 
 from iox_planner import storage
+from iox_planner import timeutil
 from iox_planner.catalog import locks
-from iox_planner.catalog.schema import partitions, tables
+from iox_planner.catalog.retention import ExpiredPartition, cutoff, expired_partitions, retention_of
+from iox_planner.catalog.schema import databases, partitions, tables
 from iox_planner.catalog.store import Catalog
 from iox_planner.model import LOCAL_STORE, ChunkKind
 
 DEFAULT_GRACE_SECONDS = 3600.0
 """How long a retired file stays readable (for queries planned before it was retired), and how old a file no row
 names must be before a sweep takes it for a dead command's (a younger one may belong to a write in flight)."""
+
+
+# --- retention ----------------------------------------------------------------------------------------------------
+
+
+def expire_partitions(catalog: Catalog, db_id: int, now_ns: int | None = None) -> list[tuple[ExpiredPartition, int]]:
+    """Retire every live chunk of the database's partitions that lie wholly past its retention at `now_ns`
+    (default: now): the retire-then-delete path every retired file takes, so a query planned before keeps
+    reading them for the grace period and `collect_garbage` deletes them after it. One transaction per
+    partition, under its row lock (persists, compaction swaps and registrations of it wait). Returns each
+    partition that had live chunks and how many were retired. Nothing is logged as written, so no materialized
+    interval goes stale by an expiry (catalog/freshness.py)."""
+    with catalog.engine.connect() as conn:
+        retention = retention_of(conn, db_id)
+        if retention is None:
+            return []
+        cut = cutoff(retention, timeutil.now_ns() if now_ns is None else now_ns)
+        assert cut is not None
+        expired = expired_partitions(conn, db_id, cut)
+    retired = []
+    for part in expired:
+        with catalog.engine.begin() as conn:
+            locks.lock_partition(conn, part.partition_id)
+            count = catalog.retire_partition(conn, part.partition_id)
+        if count:
+            retired.append((part, count))
+    return retired
+
+
+def expire_databases(catalog: Catalog, root: Path, grace_seconds: float,
+                     only: Sequence[str] = ()) -> list[tuple[str, ExpiredPartition, int]]:
+    """The maintenance DAG's sweep: expire the partitions of every database with a retention (those `only` names,
+    default all), then delete what was retired longer ago than the grace period. Returns what was retired."""
+    query = sa.select(databases.c.id, databases.c.name).where(databases.c.retention_ns.is_not(None))
+    if only:
+        query = query.where(databases.c.name.in_(list(only)))
+    with catalog.engine.connect() as conn:
+        found = [(int(r.id), r.name) for r in conn.execute(query.order_by(databases.c.name))]
+    done = [(name, part, count) for db_id, name in found for part, count in expire_partitions(catalog, db_id)]
+    collect_garbage(catalog, root, grace_seconds)
+    return done
 
 
 # --- retired files ------------------------------------------------------------------------------------------------

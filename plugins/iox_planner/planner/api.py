@@ -10,7 +10,7 @@ from sqlglot import exp
 
 from iox_planner import timeutil
 from iox_planner.errors import CatalogError
-from iox_planner.model import Chunk, ChunkSource
+from iox_planner.model import WRITE_ORDER, ChangeWindow, Chunk, ChunkSource
 from iox_planner.planner.chunks import column_types
 from iox_planner.planner.context import PassContext
 from iox_planner.planner.explain import render_tree, render_yaml
@@ -35,16 +35,19 @@ def plan_query(
     now_ns: int | None = None,
     optimize: bool = True,
     stop_after: str | None = None,
+    changes: ChangeWindow | None = None,
 ) -> QueryPlan:
     """Plan `sql` over the chunks of `source`.
 
     `time_start`/`time_end` are a half-open `[start, end)` range in ns applied to every scan (rows and pruning).
-    `now_ns` fixes `now()` (default: the wall clock, truncated to microseconds as Spark's timestamps are).
+    `now_ns` fixes `now()` (default: the wall clock, truncated to microseconds as Spark's timestamps are), and with
+    it the retention cutoff of `source.retention()`: no scan returns a row with `time <= now - retention`.
+    `changes` makes every scan return only the keys whose newest write order lies in the window (a changes read).
     `optimize=False` returns the naive initial plan; `stop_after` names the last pass to run (for tests).
     """
     with _gc_paused():
         return _plan(sql, source, params, time_start, time_end, settings or PlannerSettings(), now_ns, optimize,
-                     stop_after)
+                     stop_after, changes)
 
 
 @contextmanager
@@ -63,10 +66,12 @@ def _gc_paused() -> Iterator[None]:
 
 def _plan(sql: str, source: ChunkSource, params: Mapping[str, object] | None, time_start: int | None,
           time_end: int | None, settings: PlannerSettings, now_ns: int | None, optimize: bool,
-          stop_after: str | None) -> QueryPlan:
+          stop_after: str | None, changes: ChangeWindow | None) -> QueryPlan:
     timeutil.check_range(time_start, time_end)
     now = timeutil.now_ns() if now_ns is None else now_ns
     now -= now % 1_000
+    retention = source.retention()
+    cutoff = None if retention is None else now - retention
     tables = source.tables()
     query = analyze(sql, tables, params=params, now_ns=now)
     range_conjuncts: list[Conjunct] = []
@@ -84,11 +89,15 @@ def _plan(sql: str, source: ChunkSource, params: Mapping[str, object] | None, ti
         schema = tables[scan.table]
         lo = _max(scan.time_min, time_start)
         hi = _min(scan.time_max, None if time_end is None else time_end - 1)
-        chunks, report = prune(scan, source.chunks(scan.table, lo, hi), lo, hi)
+        written = None if changes is None else source.written(scan.table, changes.since, changes.until)
+        chunks, report = prune(scan, source.chunks(scan.table, lo, hi), lo, hi, retention_cutoff=cutoff,
+                               written=written)
         _check_unique_ids(chunks, by_id)
         sort_keys = source.sort_keys(scan.table)
-        predicate = tuple(dict((c.sql, c) for c in (*scan.conjuncts, *range_conjuncts)).values())
-        tree = initial_plan(chunks, schema, sort_keys, scan.columns, predicate, settings)
+        lifecycle = [*_retention_conjuncts(chunks, cutoff), *_changes_conjuncts(changes)]
+        predicate = tuple(dict((c.sql, c) for c in (*scan.conjuncts, *range_conjuncts, *lifecycle)).values())
+        tree = initial_plan(chunks, schema, sort_keys, scan.columns, predicate, settings,
+                            hidden=(WRITE_ORDER,) if changes is not None else ())
         if optimize:
             ctx = PassContext(settings, schema, sort_keys, f"{scan.view} ({scan.table})")
             tree = run_passes(tree, ctx, stop_after=stop_after)
@@ -100,7 +109,26 @@ def _plan(sql: str, source: ChunkSource, params: Mapping[str, object] | None, ti
         sql=sql, spark_sql=query.spark_sql, now=now, params=dict(query.params), time_range=(time_start, time_end),
         settings=settings, scans=tuple(scans), time_columns=query.time_columns, pruning=tuple(reports),
         notes=tuple(notes), children=tuple(trees), naming_sql=query.naming_sql,
+        retention=None if retention is None or cutoff is None else (retention, cutoff), changes=changes,
     )
+
+
+def _retention_conjuncts(chunks: list[Chunk], cutoff: int | None) -> list[Conjunct]:
+    """`time > cutoff` (IOx's retention filter) where a chunk left after pruning may hold a row at or before the
+    cutoff: the boundary partition is filtered exactly, to the nanosecond; chunks wholly inside need no filter."""
+    if cutoff is None or not any(c.time_min is None or c.time_min <= cutoff for c in chunks):
+        return []
+    return [Conjunct.of(exp.GT(this=column("time"), expression=exp.Literal.number(cutoff)))]
+
+
+def _changes_conjuncts(changes: ChangeWindow | None) -> list[Conjunct]:
+    """`since < __write_order <= until`, above the dedup (the write order is no key column, so no pass pushes it
+    below): a key counts by its newest write, merged like any field."""
+    if changes is None:
+        return []
+    order = column(WRITE_ORDER)
+    return [Conjunct.of(exp.GT(this=order, expression=exp.Literal.number(changes.since))),
+            Conjunct.of(exp.LTE(this=order.copy(), expression=exp.Literal.number(changes.until)))]
 
 
 def _check_unique_ids(chunks: list[Chunk], seen: dict[str, Chunk]) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from iox_planner.timeutil import format_time
+from iox_planner.timeutil import format_duration, format_time
 from iox_planner.planner.nodes import (
     DeduplicateExec, EmptyExec, FilterExec, ParquetExec, PlanNode, ProjectionExec, QueryPlan, RecordBatchesExec,
     ScanPruning, SortExec, SortItem, SortPreservingMergeExec, UnionExec,
@@ -98,7 +98,8 @@ def _pruning_text(p: ScanPruning) -> str:
     text = (f"partitions {p.partitions_considered} considered, {p.partitions_pruned} pruned; "
             f"chunks {p.chunks_considered} considered, {p.chunks_pruned} pruned")
     why = [f"{name} {count}" for name, count in
-           (("partition", p.pruned_by_partition), ("time", p.pruned_by_time), ("tag", p.pruned_by_tag)) if count]
+           (("retention", p.pruned_by_retention), ("changes", p.pruned_by_changes), ("partition", p.pruned_by_partition),
+            ("time", p.pruned_by_time), ("tag", p.pruned_by_tag)) if count]
     if why:
         text += f" (by {', '.join(why)})"
     bounds = [f"{op} {format_time(t)}" for op, t in ((">=", p.time_min), ("<=", p.time_max)) if t is not None]
@@ -116,6 +117,7 @@ def render_tree(plan: QueryPlan, annotate: Annotate | None = None, summary: str 
         head += f", time_range=[{'' if start is None else format_time(start)}, " \
                 f"{'' if end is None else format_time(end)})"
     lines = [head]
+    lines.extend(f"  {line}" for line in lifecycle_lines(plan))
     if summary:
         lines.append(f"  {summary}")
     lines.extend(f"  note: {note}" for note in plan.notes)
@@ -123,6 +125,19 @@ def render_tree(plan: QueryPlan, annotate: Annotate | None = None, summary: str 
         lines.append(f"  scan {scan.view} ({scan.table} AS {scan.alias}): {_pruning_text(pruning)}")
         lines.append(render_node(tree, 2, annotate))
     return "\n".join(lines) + "\n"
+
+
+def lifecycle_lines(plan: QueryPlan) -> list[str]:
+    """What the database's retention and a changes read exclude, as EXPLAIN says it."""
+    lines = []
+    if plan.retention is not None:
+        period, cutoff = plan.retention
+        lines.append(f"retention: {format_duration(period)}, rows at or before {format_time(cutoff)} excluded")
+    if plan.changes is not None:
+        c = plan.changes
+        lines.append(f"changes: keys whose newest write order is in ({c.since}, {c.until}]; next watermark "
+                     f"{c.watermark}")
+    return lines
 
 
 def _sort_names(items: Sequence[SortItem]) -> list[str]:
@@ -167,7 +182,7 @@ def render_yaml(plan: QueryPlan) -> str:
         "QueryExec": {
             "sql": plan.sql,
             "now": format_time(plan.now),
-            "notes": list(plan.notes),
+            "notes": [*lifecycle_lines(plan), *plan.notes],
             "scans": [
                 {"view": s.view, "table": s.table, "alias": s.alias, "pruning": _pruning_text(p),
                  "plan": _yaml_node(tree)}

@@ -8,7 +8,8 @@ ProjectionExec:                 # the columns the reference needs
         - RecordBatchesExec     # every ingester chunk
         - ParquetExec: {store: A}   # every file of store A, dealt into target_partitions groups
 ```
-Leaves read every column of the table plus the virtual `__chunk_order`. No chunk left: `EmptyExec`.
+Leaves read every column of the table plus the virtual `__chunk_order` (and `hidden` columns: a changes read's
+`__write_order`, which its filter reads above the dedup and the projection drops). No chunk left: `EmptyExec`.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from iox_planner.planner.settings import PlannerSettings
 
 
 def initial_plan(chunks: Sequence[Chunk], schema: TableSchema, sort_keys: Mapping[str, tuple[str, ...]],
-                 columns: tuple[str, ...], predicate: tuple[Conjunct, ...], settings: PlannerSettings) -> PlanNode:
+                 columns: tuple[str, ...], predicate: tuple[Conjunct, ...], settings: PlannerSettings,
+                 hidden: tuple[str, ...] = ()) -> PlanNode:
     if not chunks:
         return EmptyExec(columns)
     full = canonical_columns(schema)
+    full = (full[0], *hidden, *full[1:])
     leaves = scan_leaves(chunks, full, settings.target_partitions)
     node: PlanNode = leaves[0] if len(leaves) == 1 else UnionExec(tuple(leaves))
     node = DeduplicateExec(SortKeys(schema, sort_keys).dedup_key(chunks), node)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Iterable, Iterator, Mapping, Sequence, Union
 
 from iox_planner.errors import InternalError
-from iox_planner.model import CHUNK_ORDER, TIME, Chunk, ChunkKind, ColumnType
+from iox_planner.model import CHUNK_ORDER, TIME, ChangeWindow, Chunk, ChunkKind, ColumnType
 from iox_planner.planner.predicate import Conjunct, columns_of
 
 if TYPE_CHECKING:
@@ -477,6 +477,10 @@ class ScanPruning:
     pruned_by_tag: int = 0
     time_min: int | None = None
     time_max: int | None = None
+    pruned_by_retention: int = 0
+    """Chunks wholly at or before the retention cutoff (a partition wholly past it: all its chunks)."""
+    pruned_by_changes: int = 0
+    """Chunks a changes read leaves out: none of their time lies where keys were written inside its window."""
 
 
 @dataclass(frozen=True)
@@ -504,6 +508,10 @@ class QueryPlan:
     notes: tuple[str, ...]
     children: tuple[PlanNode, ...] = field(default=())
     naming_sql: str | None = None
+    retention: tuple[int, int] | None = None
+    """(retention period, cutoff) in ns when the database has one: rows with `time <= cutoff` are excluded."""
+    changes: ChangeWindow | None = None
+    """A changes read's window: only keys whose newest write order lies in it (`model.WRITE_ORDER`)."""
 
     def __post_init__(self) -> None:
         if len(self.scans) != len(self.children) or len(self.pruning) != len(self.scans):

@@ -7,6 +7,8 @@
  "time_columns": ["time"],
  "chunks": {"F1": {"kind", "table", "partition", "path", "order", "time": [min, max], "columns": {...}, ...}},
  "pruning": {"__iox_scan_0": {...}}, "notes": [...],
+ "retention": {"period_ns", "cutoff"} (when the database has one), "changes": {"since", "until", "watermark"}
+ (a changes read),
  "children": [{"node": "ProjectionExec", "columns": [...], "children": [...]}, ...]}
 ```
 """
@@ -17,7 +19,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from iox_planner.errors import BadInputError
-from iox_planner.model import Chunk, ChunkKind, ColumnType
+from iox_planner.model import ChangeWindow, Chunk, ChunkKind, ColumnType
 from iox_planner.timeutil import format_time, parse_time
 from iox_planner.planner.nodes import (
     DeduplicateExec, EmptyExec, FilterExec, ParamValue, ParquetExec, PlanNode, ProjectionExec, QueryPlan,
@@ -28,6 +30,7 @@ from iox_planner.planner.settings import PlannerSettings
 
 _PRUNING_FIELDS = ("partitions_considered", "partitions_pruned", "chunks_considered", "chunks_pruned",
                    "pruned_by_partition", "pruned_by_time", "pruned_by_tag", "time_min", "time_max")
+_PRUNING_COUNTS = ("pruned_by_retention", "pruned_by_changes")  # since catalog migration 0008; 0 when absent
 
 
 def _chunk_to_dict(c: Chunk) -> dict[str, Any]:
@@ -135,10 +138,15 @@ def plan_to_dict(plan: QueryPlan) -> dict[str, Any]:
                    "columns": {name: kind.value for name, kind in s.columns}} for s in plan.scans],
         "time_columns": list(plan.time_columns),
         "chunks": {cid: _chunk_to_dict(c) for cid, c in sorted(plan.chunks().items())},
-        "pruning": {p.view: {"table": p.table, **{f: getattr(p, f) for f in _PRUNING_FIELDS}} for p in plan.pruning},
+        "pruning": {p.view: {"table": p.table, **{f: getattr(p, f) for f in (*_PRUNING_FIELDS, *_PRUNING_COUNTS)}}
+                    for p in plan.pruning},
         "notes": list(plan.notes),
         "children": [node_to_dict(tree) for tree in plan.children],
         **({"naming_sql": plan.naming_sql} if plan.naming_sql is not None else {}),
+        **({"retention": {"period_ns": plan.retention[0], "cutoff": plan.retention[1]}}
+           if plan.retention is not None else {}),
+        **({"changes": {"since": plan.changes.since, "until": plan.changes.until,
+                        "watermark": plan.changes.watermark}} if plan.changes is not None else {}),
     }
 
 
@@ -155,11 +163,15 @@ def plan_from_dict(d: Mapping[str, Any]) -> QueryPlan:
             scans=tuple(ScanInfo(s["view"], s["table"], s["alias"],
                                  tuple((k, ColumnType(v)) for k, v in s["columns"].items())) for s in d["scans"]),
             time_columns=tuple(d["time_columns"]),
-            pruning=tuple(ScanPruning(view=view, table=p["table"], **{f: p[f] for f in _PRUNING_FIELDS})
+            pruning=tuple(ScanPruning(view=view, table=p["table"], **{f: p[f] for f in _PRUNING_FIELDS},
+                                      **{f: int(p.get(f, 0)) for f in _PRUNING_COUNTS})
                           for view, p in d["pruning"].items()),
             notes=tuple(d["notes"]),
             children=tuple(node_from_dict(c, chunks) for c in d["children"]),
             naming_sql=d.get("naming_sql"),
+            retention=(int(d["retention"]["period_ns"]), int(d["retention"]["cutoff"])) if d.get("retention") else None,
+            changes=ChangeWindow(int(d["changes"]["since"]), int(d["changes"]["until"]), str(d["changes"]["watermark"]))
+            if d.get("changes") else None,
         )
     except (KeyError, TypeError, ValueError) as err:
         raise BadInputError(f"plan JSON is malformed: {type(err).__name__}: {err}") from err

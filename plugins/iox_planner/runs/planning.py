@@ -72,9 +72,11 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings,
         check_destination(request.output, folder=request.format.is_folder)
         check_register_target(catalog, request)
         source = CatalogSource(catalog, request.db)
+        # A changes read's window is taken before any chunk list (catalog/changes.py).
+        changes = source.change_window(request.changes_since) if request.changes_since is not None else None
         query_plan = plan_query(request.sql, source, params=dict(request.args),
                                 time_start=request.time_start, time_end=request.time_end,
-                                settings=PlannerSettings.from_env())
+                                settings=PlannerSettings.from_env(), changes=changes)
         runs.acquire_lock(catalog, key, run.holder, query_run=run_pk, ttl_seconds=settings.run_lock_ttl_s,
                           holder_state=holder_state)
         remove_dead_stagings(request.output, staging)
@@ -87,6 +89,10 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings,
         jobs, merge = _spark_jobs(query_plan, request, staging, settings)
         summary = plan_summary(query_plan)
         summary["spark_jobs"] = len(jobs) + (1 if merge else 0)
+        if changes is not None:
+            # The watermark the next changes read passes: in the task's result and on the run's record.
+            summary["changes_watermark"] = changes.watermark
+            runs.record_changes_watermark(catalog, run_pk, changes.watermark)
         return PlanOutcome(run_pk, str(staging.root), jobs, merge, summary,
                            merge_fast_start=summary["rows_estimated"] <= settings.spark_fast_start_rows)
     except BaseException as err:

@@ -108,7 +108,8 @@ def status(catalog: Any, definition: MaterializedQuery, *, now: dt.datetime | No
         late = stale.get(key, [])
         reasons = tuple(d.describe() for d in late)
         detail = tuple({"db": d.db, "table": d.table, "chunks": d.chunks, "rows": d.rows,
-                        "partitions": list(d.partitions), "dropped": d.dropped} for d in late)
+                        "partitions": list(d.partitions), "dropped": d.dropped,
+                        "table_dropped": d.table_dropped} for d in late)
         # A newest run that did not publish leaves the output (if any) of an older run, judged by what that one
         # read: stale stays stale (with the failure shown), a fresh or missing output shows the failure.
         error = run.error if run is not None and run.status == "failed" else None
@@ -272,8 +273,8 @@ def _spark_submit(job: str, args: Sequence[str], fast_start: bool) -> None:
     run_submit(spark_submit_command(job, list(args), fast_start=fast_start), f"spark-submit {job}")
 
 
-def describe(result: RefreshResult) -> str:
+def describe(result: RefreshResult, done: str = "refreshed") -> str:
     when = f"[{format_time(result.start)}, {format_time(result.end)})"
     if result.ok:
-        return f"{result.definition} {when}: refreshed, {result.rows} rows ({result.spark_jobs} Spark job(s))"
-    return f"{result.definition} {when}: FAILED, old output kept and still stale: {result.error}"
+        return f"{result.definition} {when}: {done}, {result.rows} rows ({result.spark_jobs} Spark job(s))"
+    return f"{result.definition} {when}: FAILED, old output (if any) kept: {result.error}"

@@ -18,7 +18,7 @@ from iox_planner.timeutil import INT64_MAX, INT64_MIN, check_range, format_time,
 
 from iox_planner.runs.settings import AirflowSettings
 
-PARAM_NAMES = ("db", "sql", "args", "time_start", "time_end", "output", "format", "timeout_s")
+PARAM_NAMES = ("db", "sql", "args", "time_start", "time_end", "output", "format", "timeout_s", "changes_since")
 
 # Each folder and file name of an output below its root: no leading dot (no dotfiles such as .bashrc, no hidden
 # folders, no `..`), no spaces, quotes, control characters or shell metacharacters.
@@ -75,6 +75,8 @@ class QueryRequest:
     max_spark_jobs: int | None = None
     timeout_s: int | None = None
     """The wall-time budget of each of the run's Spark jobs, in seconds (None: IOX_QUERY_TIMEOUT_S)."""
+    changes_since: str | None = None
+    """A changes read: the watermark (or `beginning`) whose later writes the run returns (catalog/changes.py)."""
 
     def __post_init__(self) -> None:
         check_db_name(self.db)
@@ -89,6 +91,8 @@ class QueryRequest:
         check_args(self.args)
         if self.register_as is not None and self.definition is None:
             raise BadInputError("register_as is for materialized queries (it replaces an interval of a table)")
+        if self.changes_since is not None and self.definition is not None:
+            raise BadInputError("changes_since is for triggered queries; a materialized interval is computed whole")
 
     @staticmethod
     def from_params(params: Mapping[str, Any], settings: AirflowSettings) -> QueryRequest:
@@ -102,7 +106,7 @@ class QueryRequest:
                 raise BadInputError(f"param {required!r} is required")
         # Text params are text: a value of another type is refused, never turned into text (`str()` of an object
         # would make a query of its repr).
-        for name in ("db", "sql", "output", "format", "time_start", "time_end"):
+        for name in ("db", "sql", "output", "format", "time_start", "time_end", "changes_since"):
             value = params.get(name)
             if value is not None and not isinstance(value, str):
                 raise BadInputError(f"param {name!r} must be a string, not {type(value).__name__}")
@@ -120,6 +124,7 @@ class QueryRequest:
             time_start=parse_time(start, what="time_start") if start else None,
             time_end=parse_time(end, what="time_end") if end else None,
             timeout_s=params.get("timeout_s"),
+            changes_since=params.get("changes_since"),
         )
         request.check_output(settings)
         return request
@@ -169,6 +174,8 @@ class QueryRequest:
                                   "tags": list(self.register_as.tags)}
         if self.timeout_s is not None:
             out["timeout_s"] = self.timeout_s
+        if self.changes_since is not None:
+            out["changes_since"] = self.changes_since
         return out
 
     def budget_s(self) -> int:

@@ -17,7 +17,8 @@ from iox_planner.maintenance.compact.report import Outcome, Report
 from iox_planner.maintenance.compact.settings import CompactSettings
 from iox_planner.maintenance.compact.slices import SliceResult, SliceRunner, slice_tasks
 from iox_planner.maintenance.compact.swap import remove_outputs, swap
-from iox_planner.maintenance.sweeps import sweep_locked_partition
+from iox_planner.maintenance.sweeps import (DEFAULT_GRACE_SECONDS, collect_garbage, expire_partitions,
+                                            sweep_locked_partition)
 
 
 def compact(
@@ -39,13 +40,17 @@ def compact(
     holds is skipped with a message. All slices of all locked partitions run as ONE call of `run_slices` (one
     Spark job), then each partition is swapped on its own. `rewrites=False`: promotions only, `run_slices` gets
     no slice (the `iox_compact` DAG's batch that starts no Spark job); a partition that needs a rewrite promotes
-    what it can alone (`without_rewrite`) and its rewrite waits for a run that rewrites."""
+    what it can alone (`without_rewrite`) and its rewrite waits for a run that rewrites. Partitions past the
+    database's retention are retired first, never compacted (`sweeps.expire_partitions`), and files retired longer
+    ago than the grace period are deleted last (`sweeps.collect_garbage`)."""
     root = warehouse or default_warehouse()
     settings = settings or CompactSettings.from_env()
     say = progress or (lambda _line: None)
     report = Report()
     with catalog.engine.connect() as lock_conn:
         db_id = check_target(catalog, lock_conn, db, table, partition)
+        lock_conn.commit()
+        expire_partitions(catalog, db_id)
         wanted = find_work(catalog, lock_conn, db_id, settings, table=table, partition=partition, only=only)
         lock_conn.commit()
         locked: list[int] = []
@@ -114,4 +119,5 @@ def compact(
                 for pid in locked:
                     locks.unlock(lock_conn, locks.compaction_key(pid))
                 lock_conn.commit()
+    collect_garbage(catalog, root, DEFAULT_GRACE_SECONDS)
     return report

@@ -71,7 +71,8 @@ def compact_slice(task: SliceTask, root: str) -> SliceResult:
     # The sort key holds every tag and time (output_sort_key): the dedup's output is already sorted on it. Tags
     # stay dictionary encoded into the writer, which writes Parquet dictionaries from them as they are; the file
     # leaves Arrow's schema out so it reads back as plain strings, like every other file.
-    merged = chunk_files.deduplicate(parts, columns, sort_key=task.sort_key, keep_dictionary=True)
+    # Each row keeps the order of its key's newest write: the inputs' own, or their file order (a file of one write).
+    merged = chunk_files.deduplicate(parts, columns, sort_key=task.sort_key, keep_dictionary=True, write_orders=True)
     if merged.num_rows == 0:
         return SliceResult(task.partition_id, task.index, task.output, rows_in, 0, None, None, 0, {})
     size = storage.write_parquet_atomic(merged, Path(root) / task.output, metadata={"iox.kind": "parquet"},

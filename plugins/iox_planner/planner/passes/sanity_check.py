@@ -5,7 +5,8 @@ breaks an invariant:
 - no predicate below a DeduplicateExec reads a field (it must see merged rows);
 - every DeduplicateExec gets one input stream sorted on (key, `__chunk_order`), and every
   SortPreservingMergeExec inputs sorted on its order;
-- every column a node reads is produced below it, and every scan reads only the table's columns.
+- every column a node reads is produced below it, and every scan reads only the table's columns (and the virtual
+  `__write_order` a changes read filters on, model.WRITE_ORDER).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from iox_planner.errors import InternalError
+from iox_planner.model import WRITE_ORDER
 from iox_planner.planner.chunks import canonical_columns
 from iox_planner.planner.context import PassContext
 from iox_planner.planner.explain import render_node
@@ -26,7 +28,7 @@ from iox_planner.planner.predicate import columns_of
 def sanity_check(plan: PlanNode, ctx: PassContext) -> PlanNode:
     partitions = len({c.partition for c in plan.scanned_chunks()})
     split_limited = partitions > ctx.settings.max_dedup_partition_split
-    table_columns = set(canonical_columns(ctx.schema))
+    table_columns = set(canonical_columns(ctx.schema)) | {WRITE_ORDER}
     fields = ctx.field_columns
 
     def fail(node: PlanNode, why: str) -> InternalError:
