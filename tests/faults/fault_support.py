@@ -354,6 +354,7 @@ def naive_answer(world: FaultWorld, db: str, table: str, key: tuple[str, ...]) -
             for path, order in found:
                 for pos, rec in enumerate(pq.read_table(world.warehouse / path).to_pylist()):
                     seq = rec.pop("__seq", pos)
+                    rec.pop("__write_order", None)  # persisted files' bookkeeping for changes reads, not data
                     rows.append((order, seq, rec))
     rows.sort(key=lambda r: (r[0], r[1]))
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
