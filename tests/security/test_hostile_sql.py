@@ -270,11 +270,19 @@ def test_a_column_named_like_a_refused_function_is_still_a_column() -> None:
     source = scenario_source(parse_scenario({"chunks": [
         {"id": "F", "kind": "parquet", "table": "logins", "partition": "1970-01-01", "time": [1, 2], "rows": 1,
          "columns": {"user": "tag", "version": "float", "time": "time"}}]}))
-    plan = plan_query("SELECT user, max(version) AS v FROM logins GROUP BY user HAVING max(user) > ''", source,
-                      now_ns=0)
-    assert "user" in dict(plan.scans[0].columns)
+    plan = plan_query("SELECT logins.user, max(version) AS v FROM logins GROUP BY logins.user "
+                      "HAVING max(logins.user) > '' ORDER BY logins.user", source, now_ns=0)
+    assert {"user", "version"} <= set(dict(plan.scans[0].columns))
     with pytest.raises(IoxError, match="(?i)session_user"):
-        plan_query("SELECT user FROM logins GROUP BY user HAVING max(session_user) > ''", source, now_ns=0)
+        plan_query("SELECT logins.user FROM logins GROUP BY 1 HAVING max(session_user) > ''", source, now_ns=0)
+    # `user` unqualified: Spark reads it as the session's user wherever its own block lacks the column (a
+    # subquery's `user` even when the outer table has one: probe U04 printed `root`), so it must be qualified.
+    for sql in ("SELECT user FROM logins",
+                "SELECT (SELECT first(user) FROM logins) AS u FROM logins",
+                "SELECT version FROM logins l WHERE l.user <> (SELECT max(`user`) FROM logins)",
+                "SELECT max(version) AS v FROM logins GROUP BY ALL HAVING max(version) <> user"):
+        with pytest.raises(IoxError, match=r"qualify it \(t\.user\)"):
+            plan_query(sql, source, now_ns=0)
 
 
 def test_nesting_up_to_the_limit_plans(h2o_source: Any) -> None:

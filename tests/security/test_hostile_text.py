@@ -183,6 +183,10 @@ def test_errors_quote_user_text_as_written(hostile: Hostile) -> None:
     broken = run_cli("explain", "--db", hostile.db, f"SELECT '{CLEAR}{C1_CSI} FROM `{QUERIED}`")
     assert_one_paragraph_error(broken)
     assert_plain(broken.stderr)
+    # A statement sqlglot cannot read as a query: its own warning quoted the text, escapes and all (probe S70).
+    logged = run_cli("explain", "--db", hostile.db, f"SHOW {OSC8}{CLEAR} FROM `{QUERIED}`")
+    assert_one_paragraph_error(logged)
+    assert_plain(logged.stderr)
     stray = run_cli("show", "--db", hostile.db, "a", CLEAR)  # argparse's own message quotes it
     assert stray.returncode == 2 and SHOWN[CLEAR] in stray.stderr, stray.stderr
     assert_plain(stray.stderr)

@@ -37,6 +37,10 @@ REFUSED = frozenset(
     version spark_partition_id monotonically_increasing_id raise_error assert_true range sql_keywords collations
     measure""".split()
 )
+CONTEXT_WORDS = frozenset({"user", "current_user", "session_user"})
+"""Refused functions Spark also calls for a bare word (backquoted or not) that names no column of the query block
+it stands in, even where an enclosing block's table has that column (a subquery's `user` is the session's user,
+not the outer row's): refused unqualified, column or not. Qualify the column instead (`t.user`)."""
 
 ALLOWED = frozenset(
     """

@@ -9,6 +9,7 @@ starts and ends. sqlglot's tokens carry character offsets; a parser subclass rec
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import sys
 from contextlib import contextmanager
@@ -22,6 +23,12 @@ from sqlglot.tokenizer_core import Token, TokenType
 from iox_planner.errors import BadQueryError, UnsupportedError, check_text
 from iox_planner.planner.limits import SqlLimits, check_size, depth_error, nodes_error, values_error
 from iox_planner.planner.predicate import SPARK
+
+# sqlglot logs warnings that quote the SQL it was given ("... contains unsupported syntax"): with no handler of
+# its own, Python's last-resort handler would print the user's text, escape bytes and all, to the terminal. The
+# planner turns what matters into errors of its own, so sqlglot's log stays silent.
+logging.getLogger("sqlglot").addHandler(logging.NullHandler())
+logging.getLogger("sqlglot").propagate = False
 
 ITEMS_END = "iox_items_end"
 """Meta of a SELECT's last item: the text offset right after the SELECT list (where items can be appended)."""

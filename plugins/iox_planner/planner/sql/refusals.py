@@ -13,7 +13,7 @@ from sqlglot.tokenizer_core import Token, TokenType
 
 from iox_planner.errors import BadInputError, BadQueryError, UnsupportedError, check_text
 from iox_planner.model import INTERNAL_NAMES, INTERNAL_PREFIX, TableSchema
-from iox_planner.planner.functions import ALLOWED, GENERATORS, HINTS, REFUSED, SYNTAX
+from iox_planner.planner.functions import ALLOWED, CONTEXT_WORDS, GENERATORS, HINTS, REFUSED, SYNTAX
 from iox_planner.planner.limits import SqlLimits, alloc_error
 from iox_planner.planner.nodes import ParamValue
 from iox_planner.planner.predicate import SPARK
@@ -32,6 +32,11 @@ def reject_outside(statement: exp.Query, source: Source, tables: Mapping[str, Ta
         if isinstance(node, exp.Column) and not node.table and isinstance(node.this, exp.Identifier):
             # Spark reads a bare `user` or `current_schema` that names no column as a call of that function
             # (and sqlglot does not check every place a column can stand, HAVING and QUALIFY among them).
+            if node.name.lower() in CONTEXT_WORDS:
+                raise UnsupportedError(f"a bare {node.name[:80]!r} is read by Spark as the function "
+                                       f"{node.name.lower()}() wherever its own query block has no column of that "
+                                       "name (in a subquery, even when an outer table has one), and that function "
+                                       f"is not in the allowed list; to mean a column, qualify it (t.{node.name[:80]})")
             if node.name.lower() in REFUSED and node.name not in columns:
                 raise UnsupportedError(f"{node.name[:80]!r} is not a column of the query's tables, and Spark would "
                                        f"call the function {node.name.lower()}() for it, which is not in the "
