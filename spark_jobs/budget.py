@@ -29,7 +29,7 @@ from typing import Any, Iterator
 from pyspark.sql import SparkSession
 
 from iox_planner.errors import IoxError, clip_message
-from iox_planner.sparkconf import jvm_lost_error, timeout_error
+from iox_planner.spark.budget import jvm_lost_error, timeout_error
 
 CANCEL_EVERY_S = 0.5
 STUCK_GRACE_S = 30.0
