@@ -13,8 +13,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from iox_planner.errors import QueryTimeoutError
 from iox_planner.spark.budget import timeout_error
-from iox_planner.spark.conf import FAST_START_JVM, fast_start_conf, session_conf, spark_env
-from iox_planner.spark.jobs import parse_job
+from iox_planner.spark.conf import FAST_START_JVM, job_conf, spark_env
+from iox_planner.spark.jobs import JobSpec, parse_job
 from iox_planner.spark.submit import SUBMIT_GRACE_S, job_failure, stop_job
 
 from iox_airflow.spark import SPARK_CONN_ID, ensure_spark_connection
@@ -37,9 +37,9 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
     latency rather than throughput: on a job of a few seconds the JIT's warm-up dominates (measured here: a small
     query's Spark job 16-20 s with the defaults, about 13.5 s with C1-only compilation and the serial GC).
 
-    The budget: a query job (its spec's `budget()`, carried as `--timeout-s N`) still running `SUBMIT_GRACE_S` after its budget
-    (it cancels itself at the budget; this is for a job that cannot) is stopped with every process under it
-    (`spark/submit.py` `stop_job`), as `on_kill` does. spark-submit stays in the task's process group, which Airflow's
+    The budget: a query job (its spec's `budget()`, carried as `--timeout-s N`) still running `SUBMIT_GRACE_S` after
+    its budget (it cancels itself at the budget; this is for a job that cannot) is stopped with every process under
+    it (`spark/submit.py` `stop_job`), as `on_kill` does. spark-submit stays in the task's process group, which Airflow's
     supervisor signals whole. A job past its budget fails the task without retries (the same query would only
     run out of time again), its error saying how to give it more.
     """
@@ -58,14 +58,7 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         if not self.application_args:
             raise AirflowSkipException("no Spark job to run here (the plan was not split, so there is no merge)")
-        args = [str(a) for a in self.application_args]
-        ensure_spark_connection(self._conn_id)
-        conf = {**session_conf(), **(self.conf or {})}
-        if self.fast_start is True:
-            conf = fast_start_conf(conf)
-        self.conf = conf
-        self.env_vars = {**spark_env(), **(self.env_vars or {})}
-        job = parse_job(self.application, args)
+        job = self.prepare_submit()
         report = job.report_path()
         output: Path | None = getattr(job, "output", None)
         for target in (output, report):
@@ -96,6 +89,16 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
             raise
         finally:
             done.set()
+
+    def prepare_submit(self) -> JobSpec:
+        """The job these arguments stand for (read back by the spec that wrote them: a bad one fails here), and the
+        spark-submit it gets: the connection, the settings and environment the CLI's spark-submit of the same job
+        gets (`submit.spark_submit_command`), then the task's own."""
+        job = parse_job(self.application, [str(a) for a in self.application_args or []])
+        ensure_spark_connection(self._conn_id)
+        self.conf = {**job_conf(job.starts_fast() or self.fast_start is True), **(self.conf or {})}
+        self.env_vars = {**spark_env(), **(self.env_vars or {})}
+        return job
 
     def _stop_past_budget(self, seconds: float, done: threading.Event, expired: threading.Event) -> None:
         if done.wait(seconds):
