@@ -28,7 +28,3 @@ class JobContext:
     def query_plan(self) -> Any:
         assert self.plan is not None, "only a query job has a plan"
         return self.plan
-
-    @property
-    def started_session(self) -> bool:
-        return self._session is not None

@@ -46,7 +46,7 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
 
 
 def _with_hint(text: str) -> str:
-    """Spark's message, with what to do when it is one of the bounds iox-batch sets (sparkconf.DEFAULT_CONF)."""
+    """Spark's message, with what to do when it is one of the bounds iox-batch sets (spark/conf.py DEFAULT_CONF)."""
     if "spark.driver.maxResultSize" in text:
         return (f"{text}; the result is larger than one query may collect on the driver: write it with --format "
                 "parquet --output PATH (written by Spark's executors, never collected), or raise "

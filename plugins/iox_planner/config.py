@@ -608,12 +608,6 @@ FAULT_PAUSE_AT = _declare(Listed(
     "none"))
 
 
-
-def setting(name: str) -> Setting[Any]:
-    """The declaration of `name` (an `IOX_*` variable)."""
-    return SETTINGS[name]
-
-
 def markdown_table(settings: Sequence[Setting[Any]] | None = None) -> str:
     """README's configuration table: variable, default, what it allows, what it does."""
     rows = ["| variable | default | allowed | what |", "|---|---|---|---|"]

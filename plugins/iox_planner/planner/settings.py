@@ -56,7 +56,8 @@ class PlannerSettings:
         return PlannerSettings(**values)  # type: ignore[arg-type]
 
     @staticmethod
-    def from_env(overrides: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None) -> PlannerSettings:
+    def from_env(overrides: Mapping[str, str] | None = None,
+                 environ: Mapping[str, str] | None = None) -> PlannerSettings:
         """Defaults, then `IOX_<NAME>` environment variables (e.g. `IOX_TARGET_PARTITIONS`), then `overrides`
         (from `--set name=value`), each read by the registry's one rule."""
         values = {name: variable.read(environ) for name, variable in _VARIABLES.items()}

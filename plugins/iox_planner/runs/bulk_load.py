@@ -1,6 +1,6 @@
-"""`iox_bulk_load`'s run plumbing: a run's params checked into the load job (`spark/jobs.py` `BulkLoadJob`) (a triggered folder is
-hostile input, so it must resolve inside IOX_BULK_LOAD_ROOT before anything reads it: `ingest/bulk.py`
-`resolve_source`), and where the job leaves its report for the summary."""
+"""`iox_bulk_load`'s run plumbing: a run's params checked into the load job (`spark/jobs.py` `BulkLoadJob`; a
+triggered folder is hostile input, so it must resolve inside IOX_BULK_LOAD_ROOT before anything reads it:
+`ingest/bulk.py` `resolve_source`), and where the job leaves its report for the summary."""
 
 from __future__ import annotations
 
