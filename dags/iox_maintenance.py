@@ -32,17 +32,13 @@ with DAG(
 
     @task
     def expire() -> list[dict[str, Any]]:
-        from iox_planner.catalog.store import Catalog
+        from iox_planner.catalog.store import open_catalog
         from iox_planner.config import warehouse
         from iox_planner.maintenance.sweeps import DEFAULT_GRACE_SECONDS, expire_databases
 
-        settings = AirflowSettings.from_env()
-        catalog = Catalog()
-        try:
-            catalog.require_schema()
+        settings = RunSettings.from_env()
+        with open_catalog() as catalog:
             done = expire_databases(catalog, warehouse(), DEFAULT_GRACE_SECONDS, settings.persist_databases)
-        finally:
-            catalog.dispose()
         for db, part, chunks in done:
             print(f"{db}.{part.table} {part.partition}: past the retention, {chunks} chunk(s) retired")
         return [{"db": db, "table": part.table, "partition": part.partition, "chunks": chunks}
