@@ -230,3 +230,32 @@ def test_cluster_writers_get_a_name_only_where_nobody_else_can_repoint_it(tmp_pa
             _stage_for_cluster(output)
         assert str(output.parent if output.parent.name == "theirs" else shared) in str(refused.value)
         assert [n for n in os.listdir(output.parent) if n.startswith(".")] == [], output
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_fanout_part_folder_swapped_while_writing(fw: FaultWorld, tmp_path: Path) -> None:
+    """A fan-out part job (`run_parts.py part`, a real process of its own) writes `parts/<k>` through its staging
+    folder held open, published by a rename there (`output/publish.py` `staged`): `parts` swapped for a link while
+    it writes receives nothing, and the job fails in one paragraph. (It wrote `parts/<k>` by name and removed
+    whatever was there with `rmtree` before.)"""
+    from iox_planner.catalog.store import CatalogSource
+    from iox_planner.planner import plan_query
+    from iox_planner.planner.serde import plan_to_json
+
+    db = f"race_{uuid.uuid4().hex[:10]}"
+    for i in range(3):  # every NULL-able field of QUERY exists
+        write_line_protocol(fw.catalog, db, batch(i))
+    plan_file = tmp_path / "part-0.json"
+    plan_file.write_text(plan_to_json(plan_query(QUERY, CatalogSource(fw.catalog, db))))
+    parts, elsewhere = tmp_path / "parts", tmp_path / "elsewhere"
+    parts.mkdir()
+    elsewhere.mkdir()
+    argv = [sys.executable, str(Path(__file__).resolve().parents[2] / "spark_jobs" / "run_parts.py"), "part",
+            "--plan", str(plan_file), "--warehouse", str(fw.warehouse), "--output", str(parts / "0"),
+            "--report", str(tmp_path / "part-0.report.json")]
+    outcome, real = _race(argv, fw.env(IOX_FAULT_PAUSE_AT=PAUSE, IOX_SPARK_MASTER="local[1]"), parts, elsewhere)
+    assert outcome.returncode == BadInputError.exit_code, outcome.stderr[-3000:]
+    assert [line for line in outcome.stderr.splitlines() if line.startswith("error: ")][-1].count(SWAPPED) == 1
+    assert sorted(os.listdir(elsewhere)) == [], "part files were written into the other folder"
+    assert sorted(os.listdir(real)) == [] and not (tmp_path / "part-0.report.json").exists()
