@@ -20,12 +20,13 @@ from typing import Any
 from airflow.sdk import DAG, Param, task
 
 from iox_planner.ingest.lineprotocol import Precision
-from iox_planner.runs.settings import AirflowSettings
-from iox_planner.sparkconf import jobs_dir
+from iox_planner.runs.settings import RunSettings
+from iox_planner.spark.conf import jobs_dir
+from iox_planner.spark.jobs import BulkLoadJob
 
 from iox_airflow.operators import IoxSparkSubmitOperator
 
-SETTINGS = AirflowSettings.from_env()
+SETTINGS = RunSettings.from_env()
 
 PARAMS = {
     "db": Param(type="string", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The database to load into."),
@@ -48,13 +49,13 @@ with DAG(
 
     @task
     def check(**context: Any) -> list[str]:
-        from iox_airflow.bulk_load import load_args
+        from iox_planner.runs.bulk_load import load_job
 
-        return load_args(context["params"], AirflowSettings.from_env(), str(context["run_id"]))
+        return load_job(context["params"], RunSettings.from_env(), str(context["run_id"])).args()
 
     @task
     def summary(**context: Any) -> dict[str, Any]:
-        from iox_airflow.bulk_load import summary as read_summary
+        from iox_planner.runs.bulk_load import summary as read_summary
 
         done = read_summary(str(context["run_id"]))
         print(f"bulk load: {done['rows']:,} rows in {done['chunks']} chunk(s) of {', '.join(done['tables'])}")
@@ -62,7 +63,7 @@ with DAG(
 
     checked = check()
     load = IoxSparkSubmitOperator(
-        task_id="load", application=str(jobs_dir() / "run_bulk_load.py"),
+        task_id="load", application=str(jobs_dir() / BulkLoadJob.script),
         application_args=checked,  # type: ignore[arg-type]
         retries=SETTINGS.spark_retries, retry_delay=dt.timedelta(seconds=SETTINGS.spark_retry_delay_s),
     )

@@ -26,12 +26,18 @@ from typing import Any
 from airflow.sdk import DAG, XComArg, task
 from airflow.utils.trigger_rule import TriggerRule
 
-from iox_planner.runs.settings import AirflowSettings
-from iox_planner.sparkconf import jobs_dir
+from iox_planner.runs.settings import RunSettings
+from iox_planner.spark.conf import jobs_dir
+from iox_planner.spark.jobs import CompactJob
 
 from iox_airflow.operators import IoxSparkSubmitOperator
 
-SETTINGS = AirflowSettings.from_env()
+SETTINGS = RunSettings.from_env()
+
+
+def _job(batch: Any) -> CompactJob:
+    """A batch (`maintenance/compact/batches.py` `Batch`) as its compaction job."""
+    return CompactJob(report=batch.report, targets=batch.targets)
 
 with DAG(
     dag_id="iox_compact",
@@ -51,32 +57,38 @@ with DAG(
     def find_work(**context: Any) -> list[list[str]]:
         from iox_planner.maintenance.compact.batches import plan_batches, report_folder
 
-        settings = AirflowSettings.from_env()
+        settings = RunSettings.from_env()
         batches = plan_batches(settings.compact_databases, settings.max_spark_jobs,
                                report_folder(str(context["run_id"])))
-        context["ti"].xcom_push(key="promote", value=batches.promote)
-        return batches.spark
+        # Each batch as its compaction job's arguments (`CompactJob.args`): what the mapped spark-submit takes.
+        promote = [] if batches.promote is None else _job(batches.promote).args()
+        context["ti"].xcom_push(key="promote", value=promote)
+        return [_job(batch).args() for batch in batches.spark]
 
     @task(retries=SETTINGS.spark_retries, retry_delay=dt.timedelta(seconds=SETTINGS.spark_retry_delay_s))
     def promote(args: list[str]) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from iox_planner.maintenance.compact.batches import promote_batch
+        from iox_planner.maintenance.compact.batches import Batch, promote_batch
 
         if not args:
             raise AirflowSkipException("some partition needs a rewrite: its batch makes the promotions on Spark")
-        return promote_batch(args)
+        job = CompactJob.parse(args)
+        assert job.report is not None
+        return promote_batch(Batch(job.report, job.targets))
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
     def report(batches: list[list[str]], promote_args: list[str]) -> dict[str, Any]:
         from iox_planner.maintenance.compact.batches import sum_reports
 
-        return sum_reports(batches, promote_args)
+        jobs = [CompactJob.parse(args) for args in [*batches, *([promote_args] if promote_args else [])]]
+        return sum_reports([job.report for job in jobs if job.report is not None])
 
     found = find_work()
     promote_only = XComArg(found.operator, key="promote")
     compact_batch = IoxSparkSubmitOperator.partial(
-        task_id="compact_batch", application=str(jobs_dir() / "run_compact.py"),
+        task_id="compact_batch", application=str(jobs_dir() / CompactJob.script),
         retries=SETTINGS.spark_retries, retry_delay=dt.timedelta(seconds=SETTINGS.spark_retry_delay_s),
     ).expand(application_args=found)
+
     [compact_batch, promote(promote_only)] >> report(found, promote_only)

@@ -15,9 +15,9 @@ from typing import Any
 
 from airflow.sdk import DAG, task
 
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.settings import RunSettings
 
-SETTINGS = AirflowSettings.from_env()
+SETTINGS = RunSettings.from_env()
 
 with DAG(
     dag_id="iox_persist",
@@ -32,17 +32,13 @@ with DAG(
 
     @task
     def expire() -> list[dict[str, Any]]:
-        from iox_planner.catalog.store import Catalog
+        from iox_planner.catalog.store import open_catalog
         from iox_planner.config import warehouse
         from iox_planner.maintenance.sweeps import DEFAULT_GRACE_SECONDS, expire_databases
 
-        settings = AirflowSettings.from_env()
-        catalog = Catalog()
-        try:
-            catalog.require_schema()
+        settings = RunSettings.from_env()
+        with open_catalog() as catalog:
             done = expire_databases(catalog, warehouse(), DEFAULT_GRACE_SECONDS, settings.persist_databases)
-        finally:
-            catalog.dispose()
         for db, part, chunks in done:
             print(f"{db}.{part.table} {part.partition}: past the retention, {chunks} chunk(s) retired")
         return [{"db": db, "table": part.table, "partition": part.partition, "chunks": chunks}
@@ -50,17 +46,13 @@ with DAG(
 
     @task
     def find_piles() -> list[dict[str, Any]]:
-        from iox_planner.catalog.store import Catalog
+        from iox_planner.catalog.store import open_catalog
         from iox_planner.maintenance.persist import piled_up_partitions, tables_to_persist
 
-        settings = AirflowSettings.from_env()
+        settings = RunSettings.from_env()
         threshold = settings.persist_chunk_threshold
-        catalog = Catalog()
-        try:
-            catalog.require_schema()
+        with open_catalog() as catalog:
             piles = piled_up_partitions(catalog, threshold, settings.persist_databases)
-        finally:
-            catalog.dispose()
         for pile in piles:
             print(f"{pile.db}.{pile.table} {pile.partition}: {pile.chunks} ingester chunks (threshold {threshold})")
         return [{"db": db, "table": table} for db, table in tables_to_persist(piles)]
@@ -69,17 +61,14 @@ with DAG(
     def persist_table(target: dict[str, Any]) -> list[dict[str, Any]]:
         from airflow.sdk import get_current_context
 
+        from iox_planner.catalog.store import open_catalog
         from iox_planner.maintenance.persist import persist
-        from iox_planner.catalog.store import Catalog
 
         context: Any = get_current_context()
         context["persist_target"] = f"{target['db']}.{target['table']}"  # the mapped task's label
 
-        catalog = Catalog()
-        try:
+        with open_catalog() as catalog:
             results = persist(catalog, target["db"], table=target["table"])
-        finally:
-            catalog.dispose()
         for r in results:
             print(f"persisted {target['db']}.{r.table} {r.partition}: {r.chunks_in} chunks, {r.rows_in} rows -> "
                   f"{r.file_id} with {r.rows_out} rows (order {r.order})")

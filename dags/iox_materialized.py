@@ -15,14 +15,14 @@ from airflow.sdk import DAG, Asset, CronDataIntervalTimetable
 
 from iox_planner.runs.definitions import MaterializedQuery, load_definitions
 from iox_planner.runs.request import QueryRequest
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.settings import RunSettings
 
 from iox_airflow.pipeline import query_tasks
 
-SETTINGS = AirflowSettings.from_env()
+SETTINGS = RunSettings.from_env()
 
 
-def output_asset(definition: MaterializedQuery, settings: AirflowSettings) -> Asset:
+def output_asset(definition: MaterializedQuery, settings: RunSettings) -> Asset:
     return Asset(name=f"iox_{definition.name}", uri=f"file://{definition.output_pattern(settings)}",
                  group="iox-batch")
 
@@ -35,8 +35,8 @@ def table_asset(definition: MaterializedQuery) -> Asset | None:
     return Asset(name=f"iox_table_{db}_{target.table}", uri=f"iox://{db}/{target.table}", group="iox-batch")
 
 
-def build(definition: MaterializedQuery, settings: AirflowSettings) -> DAG:
-    def request(context: Mapping[str, Any], now: AirflowSettings) -> QueryRequest:
+def build(definition: MaterializedQuery, settings: RunSettings) -> DAG:
+    def request(context: Mapping[str, Any], now: RunSettings) -> QueryRequest:
         return definition.request(context["data_interval_start"], context["data_interval_end"], now)
 
     def event_extra(context: Mapping[str, Any], outcome: Any) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from typing import Any, Mapping
 from airflow.sdk import DAG, Param
 
 from iox_planner.runs.request import QueryRequest
-from iox_planner.runs.settings import AirflowSettings
-from iox_planner.sparkconf import MAX_QUERY_TIMEOUT_S
+from iox_planner.runs.settings import RunSettings
+from iox_planner.spark.budget import MAX_QUERY_TIMEOUT_S
 
 from iox_airflow.pipeline import query_tasks
 
@@ -45,7 +45,7 @@ PARAMS = {
 }
 
 
-def request_from_params(context: Mapping[str, Any], settings: AirflowSettings) -> QueryRequest:
+def request_from_params(context: Mapping[str, Any], settings: RunSettings) -> QueryRequest:
     return QueryRequest.from_params(context["params"], settings)
 
 
@@ -57,4 +57,4 @@ with DAG(
     tags=["iox-batch"],
     doc_md=__doc__,
 ):
-    query_tasks(request_from_params, AirflowSettings.from_env())
+    query_tasks(request_from_params, RunSettings.from_env())

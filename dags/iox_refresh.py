@@ -21,9 +21,9 @@ from airflow.sdk import DAG, TriggerRule, task
 from iox_planner.errors import IoxError
 from iox_planner.runs.definitions import load_definitions
 from iox_planner.runs.refresh import refresh_levels
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.settings import RunSettings
 
-SETTINGS = AirflowSettings.from_env()
+SETTINGS = RunSettings.from_env()
 try:
     LEVELS = [[d.name for d in level] for level in refresh_levels(load_definitions(SETTINGS.materialized_dir))]
 except IoxError:
@@ -37,11 +37,10 @@ def _find(names: list[str]) -> list[dict[str, Any]]:
     from iox_planner.runs import refresh
     from iox_planner.timeutil import format_time
 
-    settings = AirflowSettings.from_env()
+    settings = RunSettings.from_env()
     definitions = load_definitions(settings.materialized_dir)  # a broken definition fails here, named
-    catalog = open_catalog()
     work: list[dict[str, Any]] = []
-    try:
+    with open_catalog() as catalog:
         for name in names:
             definition = refresh.pick(definitions, name)
             for state in refresh.status(catalog, definition, never_run=False).intervals:
@@ -49,8 +48,6 @@ def _find(names: list[str]) -> list[dict[str, Any]]:
                     print(f"{name} [{format_time(state.start)}, {format_time(state.end)}): "
                           + "; ".join(state.reasons))
                     work.append({"name": name, "start": state.start, "end": state.end})
-    finally:
-        catalog.dispose()
     return work
 
 
@@ -60,9 +57,10 @@ def _refresh(item: dict[str, Any], context: Any) -> dict[str, Any]:
 
     from iox_planner.runs import refresh
     from iox_planner.runs.staging import RunIdentity
+    from iox_planner.spark.launch import SubmitLauncher
     from iox_planner.timeutil import format_time
 
-    settings = AirflowSettings.from_env()
+    settings = RunSettings.from_env()
     definition = refresh.pick(load_definitions(settings.materialized_dir), item["name"])
     ti = context["ti"]
     label: Any = get_current_context()
@@ -71,7 +69,7 @@ def _refresh(item: dict[str, Any], context: Any) -> dict[str, Any]:
     run = RunIdentity(ti.dag_id, f"{ti.run_id}:{item['name']}:{format_time(item['start'])}")
     # Its Spark jobs through spark-submit, from this task (the DAG's own runner: no Spark in the worker).
     result = refresh.refresh_interval(definition, int(item["start"]), int(item["end"]), run, settings,
-                                      run_spark=refresh.submit_jobs, holder_state=ti.get_dagrun_state)
+                                      launcher=SubmitLauncher(), holder_state=ti.get_dagrun_state)
     print(refresh.describe(result))
     if not result.ok:
         raise AirflowFailException(refresh.describe(result))

@@ -4,16 +4,16 @@
 local properties of the thread, inherited by the threads Spark starts for the query, such as the one serving an
 Arrow result to Python). A watchdog thread cancels the tagged jobs at the deadline, with interrupt-on-cancel so
 running tasks are interrupted rather than left to finish, and again every `CANCEL_EVERY_S` until the block returns
-(a query may start its next job in between); the block then raises the budget's error
-(`sparkconf.timeout_error`). Only this query's jobs are cancelled: the session serves the next query.
+(a query may start its next job in between); the block then raises the budget's error (`spark/budget.py`
+`timeout_error`). Only this query's jobs are cancelled: the session serves the next query.
 
 Some work no cancellation reaches: the optimizer on the driver (folding a constant), or a thread the JVM lost.
 When the block has not returned `STUCK_GRACE_S` after the deadline, the watchdog writes the budget's error to
 standard error, stops the JVM this process started (the CLI's own session) and ends the process with the
 budget's exit status. A hang is never the outcome.
 
-A JVM that ends under the block (the driver runs with `-XX:+ExitOnOutOfMemoryError`, see `sparkconf`) surfaces as
-a lost py4j connection; the block raises `sparkconf.jvm_lost_error` for it instead.
+A JVM that ends under the block (the driver runs with `-XX:+ExitOnOutOfMemoryError`, see `spark/conf.py`) surfaces
+as a lost py4j connection; the block raises `spark/budget.py` `jvm_lost_error` for it instead.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, Iterator
 from pyspark.sql import SparkSession
 
 from iox_planner.errors import IoxError, clip_message
-from iox_planner.sparkconf import jvm_lost_error, timeout_error
+from iox_planner.spark.budget import jvm_lost_error, timeout_error
 
 CANCEL_EVERY_S = 0.5
 STUCK_GRACE_S = 30.0

@@ -1,14 +1,18 @@
-"""A bulk load's ranges on Spark: one Spark job per load, one task per byte range, each parsed by the plain write's
-parser in a Python worker (`ingest/bulk.py` `parse_range`), which writes its chunks into the load's staging folder
-and returns their metadata; the driver registers them all in one catalog transaction."""
+"""A bulk load on Spark: the job's body (`run_bulk_load`, inside the one job wrapper `job.py`), and its ranges as
+one Spark job, one task per byte range, each parsed by the plain write's parser in a Python worker
+(`ingest/bulk.py` `parse_range`), which writes its chunks into the load's staging folder and returns their
+metadata; the driver registers them all in one catalog transaction."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from iox_planner.ingest.bulk import Range, RangeResult, RangeRunner, StagedChunk, TaskParams
 from spark_jobs.errors import run_tasks
+
+if TYPE_CHECKING:
+    from spark_jobs.context import JobContext
 
 
 def _run_one(payload: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
@@ -36,3 +40,20 @@ def spark_range_runner(spark: Any) -> RangeRunner:
         return [_result(d) for d in done]
 
     return run
+
+
+def run_bulk_load(ctx: JobContext) -> dict[str, Any]:
+    """The job's body: the load (`ingest/bulk.py` `bulk_write`, one task per range of the session's parallelism),
+    its report the chunks registered and the lines rejected."""
+    from iox_planner.catalog.store import open_catalog
+    from iox_planner.ingest.bulk import bulk_write
+    from iox_planner.spark.jobs import BulkLoadJob
+
+    job = ctx.job
+    assert isinstance(job, BulkLoadJob)
+    with open_catalog() as catalog:
+        spark = ctx.session()
+        result = bulk_write(catalog, job.db, job.source, spark_range_runner(spark), precision=job.precision,
+                            accept_partial=job.accept_partial, progress=ctx.progress,
+                            min_ranges=spark.sparkContext.defaultParallelism, input_root=job.root)
+    return {"chunks": [asdict(c) for c in result.chunks], "rejected": [asdict(e) for e in result.rejected]}

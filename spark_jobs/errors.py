@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
-from iox_planner.errors import CatalogError
+from iox_planner.errors import CatalogError, IoxError, error_named
 from iox_planner.model import HIDDEN_PREFIX, NS_PREFIX, TIME_NS, VIEW_PREFIX
 from iox_planner.planner.nodes import QueryPlan
 
@@ -22,7 +21,8 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
     internal columns (`__time_ns`, `__iox_ns_x`, ...) the columns they stand for."""
     from pyspark.errors import PySparkException
 
-    from iox_planner.errors import BadQueryError, IoxError
+    from iox_planner.config import DEBUG
+    from iox_planner.errors import BadQueryError
 
     try:
         yield
@@ -36,7 +36,7 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
         raise BadQueryError(f"the query failed on Spark: {text}") from err
     except Exception as err:
         # py4j ships no type information; its error class is known by name.
-        if type(err).__name__ != "Py4JJavaError" or os.environ.get("IOX_DEBUG"):
+        if type(err).__name__ != "Py4JJavaError" or DEBUG.read():
             raise
         # A JVM exception PySpark does not convert: its text is "An error occurred while calling oN.x.\n:
         # <java class>: <message>" followed by the Java stack. Keep the exception's own first line.
@@ -46,7 +46,7 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
 
 
 def _with_hint(text: str) -> str:
-    """Spark's message, with what to do when it is one of the bounds iox-batch sets (sparkconf.DEFAULT_CONF)."""
+    """Spark's message, with what to do when it is one of the bounds iox-batch sets (spark/conf.py DEFAULT_CONF)."""
     if "spark.driver.maxResultSize" in text:
         return (f"{text}; the result is larger than one query may collect on the driver: write it with --format "
                 "parquet --output PATH (written by Spark's executors, never collected), or raise "
@@ -98,8 +98,12 @@ def sanitize_spark_message(message: str, plan: QueryPlan | None = None) -> str:
 def run_tasks(spark: Any, payloads: Sequence[Any], task: Callable[[Any], Any], description: str,
               failed: str) -> list[Any]:
     """Run `task` over `payloads`, one Spark task each, in one Spark job (compaction's slices, the bulk load's
-    ranges). A failing task fails the job; it is raised as a CatalogError `"<failed>: <the worker's error line>"`,
-    one paragraph (IOX_DEBUG keeps Spark's own exception)."""
+    ranges). A failing task fails the job; it is raised as `"<failed>: <the worker's error message>"`, one
+    paragraph, of the worker's own class when that is one of the error tree's (a bad input in a worker stays a bad
+    input, with its exit status), else a CatalogError (a file a worker could not read or write). IOX_DEBUG keeps
+    Spark's own exception."""
+    from iox_planner.config import DEBUG
+
     if not payloads:
         return []
     sc = spark.sparkContext
@@ -107,40 +111,44 @@ def run_tasks(spark: Any, payloads: Sequence[Any], task: Callable[[Any], Any], d
     try:
         return list(sc.parallelize(list(payloads), len(payloads)).map(task).collect())
     except Exception as err:  # noqa: BLE001 - Spark's errors as one paragraph
-        if os.environ.get("IOX_DEBUG"):
+        if DEBUG.read():
             raise
-        raise CatalogError(f"{failed}: {first_error(err)}") from err
+        kind, message = worker_error(err)
+        raise (kind or CatalogError)(f"{failed}: {message}") from err
 
 
-def first_error(err: Exception) -> str:
-    """The Python worker's own error line (e.g. `CatalogError: ...`, `FileNotFoundError: ...`) when there is one,
-    else the first line of Spark's message; never a traceback."""
+def worker_error(err: Exception) -> tuple[type[IoxError] | None, str]:
+    """The Python worker's own error (its class, when the error tree has it, and its message) when its line is in
+    Spark's message (`iox_planner.errors.BadInputError: ...`), else (None, the worker's error line, or the first
+    line of Spark's message); never a traceback."""
     text = str(err)
-    found = re.findall(r"^(?:[A-Za-z_.]+(?:Error|Exception)): .+$", text, flags=re.M)
-    line = found[-1] if found else (text.strip().splitlines() or [type(err).__name__])[0]
-    return line[:500]
+    found = re.findall(r"^([A-Za-z_.]+(?:Error|Exception)): (.+)$", text, flags=re.M)
+    if not found:
+        return None, (text.strip().splitlines() or [type(err).__name__])[0][:500]
+    name, message = found[-1]
+    kind = error_named(name.rsplit(".", 1)[-1])
+    return kind, (message if kind is not None else f"{name}: {message}")[:500]
 
 
 def exit_status(work: Callable[[], int]) -> int:
-    """A spark-submit job's exit status: `work()`'s, or 1 after printing an IoxError as one clipped paragraph on
-    standard error (what `sparkconf.run_submit` reports to the user). A lost or refused catalog connection is 75
-    (CatalogUnavailableError's EX_TEMPFAIL) and a query past its budget 124 (QueryTimeoutError), as the CLI has
-    them: spark-submit passes the Python job's status on, so an Airflow task or a script sees either as such. SQLAlchemy's own error (a connection dropped
-    mid-job, outside the places that already convert it) is read the same way, without its traceback."""
+    """A spark-submit job's exit status: `work()`'s, or, after printing the error as one clipped paragraph on
+    standard error (what `spark/submit.py` `job_failure` reads back), the error's own exit status, the one the CLI
+    would exit with (`errors.py`: 2 a bad input, 3 the catalog, 75 the catalog unreachable, 124 past the budget...):
+    spark-submit passes the Python job's status on, so an Airflow task, the CLI's launcher or a script sees each as
+    such. SQLAlchemy's own error (a connection dropped mid-job, outside the places that already convert it) is read
+    the same way, without its traceback."""
     from iox_planner.catalog.store import catalog_unavailable
-    from iox_planner.errors import CatalogUnavailableError, IoxError, QueryTimeoutError, clip_message
+    from iox_planner.config import DEBUG
+    from iox_planner.errors import clip_message
 
     try:
         return work()
-    except (CatalogUnavailableError, QueryTimeoutError) as err:
-        print(clip_message(f"error: {err}"), file=sys.stderr)
-        return err.exit_code
     except IoxError as err:
         print(clip_message(f"error: {err}"), file=sys.stderr)
-        return 1
+        return err.exit_code
     except Exception as err:
         lost = catalog_unavailable(err)
-        if lost is None or os.environ.get("IOX_DEBUG"):
+        if lost is None or DEBUG.read():
             raise
         print(clip_message(f"error: {lost}"), file=sys.stderr)
         return lost.exit_code

@@ -14,7 +14,6 @@ over the views with its bound parameters, once the last gate (`gate.py`) has rea
 from __future__ import annotations
 
 import json
-import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -29,7 +28,8 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from iox_planner.errors import BadInputError, CatalogError
+from iox_planner.config import DEDUP_STRATEGY
+from iox_planner.errors import CatalogError
 from iox_planner.model import CHUNK_ORDER, TIME, WRITE_ORDER, WRITE_SEQ, Chunk, ChunkKind, ColumnType, time_ns_column
 from iox_planner.planner.nodes import (
     DeduplicateExec,
@@ -96,17 +96,16 @@ class Strategy(str, Enum):
     NODE = "node"
 
 
-DEFAULT_STRATEGY = Strategy.ARROW
+DEFAULT_STRATEGY = Strategy(DEDUP_STRATEGY.default)
 
 
 def dedup_strategy(chosen: Strategy | str | None = None) -> Strategy:
-    """`chosen`, else IOX_DEDUP_STRATEGY, else the default; anything else is a one-paragraph error."""
-    text = chosen or os.environ.get("IOX_DEDUP_STRATEGY", "").strip() or DEFAULT_STRATEGY
-    try:
-        return Strategy(text)
-    except ValueError:
-        raise BadInputError(f"IOX_DEDUP_STRATEGY={str(text)[:40]!r} is not a dedup strategy; use one of "
-                            f"{', '.join(s.value for s in Strategy)} (default {DEFAULT_STRATEGY.value})") from None
+    """`chosen` (a job's `--strategy`), else IOX_DEDUP_STRATEGY (whose declaration lists these strategies), else
+    the default; anything else is a one-paragraph error."""
+    if chosen is None:
+        return Strategy(DEDUP_STRATEGY.read())
+    return Strategy(DEDUP_STRATEGY.parse(str(chosen.value if isinstance(chosen, Strategy) else chosen),
+                                         "--strategy"))
 
 
 def _dedup_chain(node: PlanNode) -> tuple[list[PlanNode], DeduplicateExec] | None:

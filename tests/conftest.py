@@ -65,9 +65,9 @@ def db(catalog: Catalog) -> str:
 @pytest.fixture(scope="session")
 def spark(catalog_url: str) -> Iterator[object]:
     """One local SparkSession for the whole run (JVM start-up costs about 10 s), the CLI's own."""
-    from iox_planner.cli import runner
+    from spark_jobs.session import shared_session
 
-    yield runner.session()
+    yield shared_session()
 
 
 @pytest.fixture

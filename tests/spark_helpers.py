@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,20 @@ def plan(catalog: Catalog, db: str, sql: str, **kw: Any) -> QueryPlan:
 def run_jsonl(spark: Any, catalog: Catalog, db: str, sql: str, *, optimize: bool = True,
               strategy: str | None = None, **kw: Any) -> list[dict[str, Any]]:
     """The rows a user gets from `iox-batch query --format jsonl`, parsed."""
-    from iox_planner.cli import runner
+    from iox_planner.cli.runner import print_result
+    from iox_planner.planner.serde import plan_to_json
+    from iox_planner.spark.budget import query_timeout_s
+    from iox_planner.spark.jobs import PlanJob
+    from spark_jobs.launch import InProcessLauncher
 
     out = io.StringIO()
     query_plan = plan_query(sql, CatalogSource(catalog, db), optimize=optimize, **kw)
-    runner.run_in_process(query_plan, OutputFormat.JSONL, None, out, strategy=strategy)
+    with tempfile.TemporaryDirectory(prefix="iox-test-") as tmp:
+        plan_file = Path(tmp) / "plan.json"
+        plan_file.write_text(plan_to_json(query_plan))
+        table = InProcessLauncher().fetch(PlanJob(plan_file, Path(tmp) / "result.arrow", OutputFormat.ARROW,
+                                                  query_timeout_s(), strategy=strategy))
+    print_result(table, OutputFormat.JSONL, out)
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 

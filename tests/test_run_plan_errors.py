@@ -1,5 +1,5 @@
 """The spark-submit entry points' own input: a plan file that is missing, not JSON or not a plan is one clipped
-paragraph and exit status 1, never a traceback (no Spark session starts: the plan is read first)."""
+paragraph and exit status 2 (a bad input, as the CLI exits for one), never a traceback (no Spark session starts: the plan is read first)."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ def test_bad_plan_file_is_one_clipped_paragraph(tmp_path: Path, script: str, nam
     out = tmp_path / "out"
     common = ["--plan", str(plan), "--warehouse", str(tmp_path), "--output", str(out)]
     args = (common + ["--format", "jsonl"] if script == "run_plan"
-            else ["part", *common, "--metrics", str(tmp_path / "metrics.json")])
+            else ["part", *common, "--report", str(tmp_path / "report.json")])
     done = subprocess.run([sys.executable, str(ROOT / "spark_jobs" / f"{script}.py"), *args],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     message = done.stderr.strip()
     assert message.startswith("error: --plan ") and "is not a plan iox-batch wrote" in message, message[:500]

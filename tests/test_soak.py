@@ -157,12 +157,12 @@ def _persist_loop(soak: Soak) -> None:
 def _compact_loop(soak: Soak) -> None:
     """Compaction of the one partition, over and over beside the persist loop: hot (L0 into L1) whenever persist
     left two files. A skip (another compactor, inputs changed meanwhile) is a normal outcome; an error is not."""
-    from iox_planner.cli import runner
+    from spark_jobs.session import shared_session
     from iox_planner.maintenance.compact.run import compact
     from iox_planner.maintenance.compact.settings import CompactSettings
     from spark_jobs.compact_job import spark_slice_runner
 
-    run_slices = spark_slice_runner(runner.session())
+    run_slices = spark_slice_runner(shared_session())
     settings = CompactSettings(cold_seconds=10**6, target_rows=1_000_000, max_rows=1_000_000)
     while time.monotonic() < soak.deadline:
         try:
@@ -182,7 +182,7 @@ def _compact_loop(soak: Soak) -> None:
 
 
 def _query(soak: Soak) -> list[dict[str, Any]]:
-    from iox_planner.cli import runner
+    from spark_jobs.session import shared_session
     from iox_planner.config import warehouse
     from iox_planner.planner import plan_query
     from spark_jobs.execute import execute
@@ -190,7 +190,7 @@ def _query(soak: Soak) -> list[dict[str, Any]]:
     from iox_planner.output.formats import finish_columns
 
     plan = plan_query("SELECT * FROM soak", CatalogSource(soak.catalog, soak.db))
-    table: pa.Table = execute(runner.session(), plan, warehouse()).result.toArrow()
+    table: pa.Table = execute(shared_session(), plan, warehouse()).result.toArrow()
     table, ns_cols = finish_columns(table)  # `time` as int64 nanoseconds, as the CLI's outputs give it
     assert "time" in ns_cols
     return table.to_pylist()

@@ -21,7 +21,8 @@ def test_core_imports_neither_spark_nor_airflow() -> None:
         "import sys\n"
         "import iox_planner.catalog.store, iox_planner.catalog.schema, iox_planner.catalog.migrations, iox_planner.ingest.write, iox_planner.ingest.scenario, iox_planner.planner, "
         "iox_planner.cli.main, iox_planner.cli.commands, iox_planner.output.formats, iox_planner.output.publish, iox_planner.ingest.dedup, iox_planner.cli.show, "
-        "iox_planner.ingest.register, iox_planner.catalog.runs, iox_planner.sparkconf, iox_planner.catalog.locks, "
+        "iox_planner.ingest.register, iox_planner.catalog.runs, iox_planner.spark.conf, iox_planner.spark.jobs, "
+        "iox_planner.spark.launch, iox_planner.spark.submit, iox_planner.catalog.locks, "
         "iox_planner.storage, iox_planner.ingest.bulk, iox_planner.maintenance.persist, iox_planner.maintenance.sweeps, "
         "iox_planner.maintenance.compact.run, iox_planner.maintenance.compact.batches\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'airflow', 'py4j'))\n"
@@ -37,13 +38,16 @@ def test_core_imports_neither_spark_nor_airflow() -> None:
 # written out here (not derived from the code) so that a new upward import fails this test.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("iox_planner", "iox_planner.errors", "iox_planner.timeutil", "iox_planner.model",
-              "iox_planner.config", "iox_planner.sparkconf", "iox_planner.slicing", "iox_planner.faults")),
+              "iox_planner.config", "iox_planner.slicing", "iox_planner.faults",
+              # Spark's settings, a query's budget and spark-submit's run: no pyspark, below everything.
+              "iox_planner.spark.conf", "iox_planner.spark.budget", "iox_planner.spark.submit")),
     ("catalog", ("iox_planner.catalog",)),
     ("storage", ("iox_planner.storage",)),
     ("ingest", ("iox_planner.ingest",)),
     ("maintenance", ("iox_planner.maintenance",)),
     ("planner", ("iox_planner.planner",)),
     ("output", ("iox_planner.output",)),
+    ("spark seam", ("iox_planner.spark",)),  # the job specs and launchers: what every caller starts jobs with
     ("runs", ("iox_planner.runs",)),
     ("spark_jobs", ("spark_jobs",)),
     ("entry points", ("iox_planner.cli", "iox_airflow")),
@@ -128,8 +132,8 @@ def test_dependencies_point_down_the_layers() -> None:
 
 
 def test_no_library_or_dag_code_imports_a_spark_submit_script() -> None:
-    """`spark_jobs/run_*.py` are entry points: what a script and another caller share lives in the library. (Inside
-    `spark_jobs/`, `run_parts.py` still imports `run_plan.py`: the one job wrapper will take that.)"""
+    """`spark_jobs/run_*.py` are entry points: what a script and another caller share lives in the library or in
+    the one job wrapper (`spark_jobs/job.py`)."""
     scripts = {m for m in _modules() if m.startswith("spark_jobs.run_")}
     assert len(scripts) >= 4
     assert [f"{m} imports {t}" for m, targets in _import_graph().items() if not m.startswith("spark_jobs.")
@@ -141,7 +145,8 @@ def test_the_layering_check_sees_an_upward_import() -> None:
     assert _layer("iox_planner.cli.main") > _layer("iox_planner.catalog.store")
     assert _layer("iox_airflow.pipeline") > _layer("spark_jobs.execute") > _layer("iox_planner.runs.planning")
     assert _layer("iox_planner.runs.refresh") > _layer("iox_planner.output.formats") > _layer("iox_planner.planner")
-    assert _layer("iox_planner.sparkconf") == 0
+    assert _layer("iox_planner.spark.conf") == 0 < _layer("iox_planner.output") < _layer("iox_planner.spark.jobs")
+    assert _layer("iox_planner.spark.launch") < _layer("iox_planner.runs.refresh")
     assert _layer("iox_planner.catalog.locks") < _layer("iox_planner.storage") < _layer("iox_planner.ingest.write")
     assert _layer("iox_planner.ingest.bulk") < _layer("iox_planner.maintenance.sweeps") < _layer("iox_planner.planner")
 

@@ -6,42 +6,40 @@ import re
 import shutil
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from iox_planner.errors import QueryTimeoutError
-from iox_planner.sparkconf import (
-    FAST_START_JVM, SUBMIT_GRACE_S, fast_start_conf, job_failure, job_timeout_s, session_conf, spark_env, stop_job,
-    timeout_error,
-)
+from iox_planner.spark.budget import timeout_error
+from iox_planner.spark.conf import FAST_START_JVM, job_conf, spark_env
+from iox_planner.spark.jobs import JobSpec, parse_job
+from iox_planner.spark.submit import SUBMIT_GRACE_S, job_failure, stop_job
 
 from iox_airflow.spark import SPARK_CONN_ID, ensure_spark_connection
 
 _ERROR_LINE = re.compile(r"^error: (.+)$", re.MULTILINE)
 
 
-def _option_values(args: Sequence[str], names: Sequence[str]) -> list[str]:
-    return [args[i + 1] for i, a in enumerate(args[:-1]) if a in names]
-
-
 class IoxSparkSubmitOperator(SparkSubmitOperator):
-    """Run one iox-batch Spark job (`spark_jobs/run_plan.py`, or a fan-out part or merge) with spark-submit.
+    """Run one iox-batch Spark job (a job spec of `iox_planner/spark/jobs.py`, given as its `operator_kwargs`:
+    a plan, a fan-out part or merge, a compaction batch, a bulk load) with spark-submit.
 
     `__init__` only stores arguments. At execute time the operator skips when it has no job (a merge step of a plan
     that was not split), derives `spark_default` from IOX_SPARK_MASTER, passes iox-batch's Spark settings
-    (`iox_planner.sparkconf.session_conf`, which includes IOX_SPARK_CONF) and removes whatever an earlier attempt
-    left at the job's `--output` and `--metrics`, so a retry reruns cleanly. When the job fails, its one-paragraph
-    `error: ...` is left beside its metrics file (`<metrics>.error`) for the commit step to record.
+    (`iox_planner.spark.conf.session_conf`, which includes IOX_SPARK_CONF) and removes whatever an earlier attempt
+    left at the job's output and report (read from its arguments by the spec that wrote them, `jobs.parse_job`),
+    so a retry reruns cleanly. When the job fails, its one-paragraph `error: ...` is left beside its report
+    (`<report>.error`) for the commit step to record.
 
     `fast_start` (set by the plan task for small plans, see IOX_SPARK_FAST_START_ROWS) starts the driver JVM for
     latency rather than throughput: on a job of a few seconds the JIT's warm-up dominates (measured here: a small
     query's Spark job 16-20 s with the defaults, about 13.5 s with C1-only compilation and the serial GC).
 
-    The budget: a query job (`--timeout-s N` among its arguments) still running `SUBMIT_GRACE_S` after its budget
-    (it cancels itself at the budget; this is for a job that cannot) is stopped with every process under it
-    (`sparkconf.stop_job`), as `on_kill` does. spark-submit stays in the task's process group, which Airflow's
+    The budget: a query job (its spec's `budget()`, carried as `--timeout-s N`) still running `SUBMIT_GRACE_S` after
+    its budget (it cancels itself at the budget; this is for a job that cannot) is stopped with every process under
+    it (`spark/submit.py` `stop_job`), as `on_kill` does. spark-submit stays in the task's process group, which Airflow's
     supervisor signals whole. A job past its budget fails the task without retries (the same query would only
     run out of time again), its error saying how to give it more.
     """
@@ -60,20 +58,16 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         if not self.application_args:
             raise AirflowSkipException("no Spark job to run here (the plan was not split, so there is no merge)")
-        args = [str(a) for a in self.application_args]
-        ensure_spark_connection(self._conn_id)
-        conf = {**session_conf(), **(self.conf or {})}
-        if self.fast_start is True:
-            conf = fast_start_conf(conf)
-        self.conf = conf
-        self.env_vars = {**spark_env(), **(self.env_vars or {})}
-        for target in _option_values(args, ("--output", "--metrics")):
-            _remove(Path(target))
-        metrics = _option_values(args, ("--metrics",))
-        error_file = Path(metrics[0] + ".error") if metrics else None
+        job = self.prepare_submit()
+        report = job.report_path()
+        output: Path | None = getattr(job, "output", None)
+        for target in (output, report):
+            if target is not None:
+                _remove(target)
+        error_file = report.with_name(report.name + ".error") if report is not None else None
         if error_file is not None:
             error_file.unlink(missing_ok=True)
-        budget = job_timeout_s(args)
+        budget = job.budget()
         done, expired = threading.Event(), threading.Event()
         if budget is not None:
             threading.Thread(target=self._stop_past_budget, args=(budget + SUBMIT_GRACE_S, done, expired),
@@ -95,6 +89,16 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
             raise
         finally:
             done.set()
+
+    def prepare_submit(self) -> JobSpec:
+        """The job these arguments stand for (read back by the spec that wrote them: a bad one fails here), and the
+        spark-submit it gets: the connection, the settings and environment the CLI's spark-submit of the same job
+        gets (`submit.spark_submit_command`), then the task's own."""
+        job = parse_job(self.application, [str(a) for a in self.application_args or []])
+        ensure_spark_connection(self._conn_id)
+        self.conf = {**job_conf(job.starts_fast() or self.fast_start is True), **(self.conf or {})}
+        self.env_vars = {**spark_env(), **(self.env_vars or {})}
+        return job
 
     def _stop_past_budget(self, seconds: float, done: threading.Event, expired: threading.Event) -> None:
         if done.wait(seconds):

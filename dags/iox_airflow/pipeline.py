@@ -24,13 +24,14 @@ from typing import Any, Callable, Mapping, Sequence
 from airflow.sdk import Asset, TriggerRule, XComArg, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from iox_planner.runs.planning import PARTS_JOB
 from iox_planner.runs.request import QueryRequest
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.spark.conf import jobs_dir
+from iox_planner.spark.jobs import MergeJob
+from iox_planner.runs.settings import RunSettings
 
 from iox_airflow.operators import IoxSparkSubmitOperator
 
-RequestFactory = Callable[[Mapping[str, Any], AirflowSettings], QueryRequest]
+RequestFactory = Callable[[Mapping[str, Any], RunSettings], QueryRequest]
 FAILED_STATES = frozenset({"failed", "upstream_failed"})
 
 
@@ -43,7 +44,7 @@ def _identity(context: Mapping[str, Any]) -> Any:
 
 def query_tasks(
     make_request: RequestFactory,
-    settings: AirflowSettings,
+    settings: RunSettings,
     *,
     retries: int | None = None,
     outlets: Sequence[Asset] = (),
@@ -59,7 +60,7 @@ def query_tasks(
         from iox_planner.runs.failure import reject
         from iox_planner.runs.planning import plan as plan_run
 
-        now = AirflowSettings.from_env()
+        now = RunSettings.from_env()
         run = _identity(context)
         try:
             request = make_request(context, now)
@@ -75,17 +76,18 @@ def query_tasks(
         ti = context["ti"]
         ti.xcom_push(key="summary", value=outcome.summary)
         ti.xcom_push(key="handle", value=outcome.handle())
-        ti.xcom_push(key="merge", value=outcome.merge or [])  # [] (not None): no merge step
-        ti.xcom_push(key="merge_fast_start", value=outcome.merge_fast_start)
+        merge = outcome.merge
+        ti.xcom_push(key="merge", value=merge.args() if merge is not None else [])  # []: no merge step
+        ti.xcom_push(key="merge_fast_start", value=merge is not None and merge.starts_fast())
         print(f"plan: {outcome.summary}")
-        return outcome.jobs
+        return [job.operator_kwargs() for job in outcome.jobs]
 
     planned = plan()
     spark = IoxSparkSubmitOperator.partial(
         task_id="run", retries=spark_retries, retry_delay=retry_delay,
     ).expand_kwargs(planned)
     merge = IoxSparkSubmitOperator(
-        task_id="merge", application=str(PARTS_JOB), retries=spark_retries, retry_delay=retry_delay,
+        task_id="merge", application=str(jobs_dir() / MergeJob.script), retries=spark_retries, retry_delay=retry_delay,
         application_args=XComArg(planned.operator, key="merge"),  # type: ignore[arg-type]
         fast_start=XComArg(planned.operator, key="merge_fast_start"),  # type: ignore[arg-type]
     )
@@ -104,7 +106,7 @@ def query_tasks(
             t for t, s in upstream.items() if s in FAILED_STATES)
         handle = ti.xcom_pull(task_ids="plan", key="handle")
         try:
-            request = make_request(context, AirflowSettings.from_env())
+            request = make_request(context, RunSettings.from_env())
         except IoxError as err:
             raise AirflowFailException(f"nothing was published: the plan task rejected the run: {err}") from err
         if failed or handle is None:

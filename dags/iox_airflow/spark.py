@@ -1,5 +1,5 @@
 """How the DAGs reach Spark: the `spark_default` connection derived from IOX_SPARK_MASTER, and the environment
-spark-submit runs in (iox_planner.sparkconf builds it). No Airflow import here (docker-compose.yml's test checks its settings against these)."""
+spark-submit runs in (iox_planner.spark.conf builds it). No Airflow import here (docker-compose.yml's test checks its settings against these)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,6 @@ def spark_connection(master: str) -> str:
 def ensure_spark_connection(conn_id: str = SPARK_CONN_ID) -> None:
     """Derive the connection from IOX_SPARK_MASTER (unset: `local[*]`) unless the environment defines it
     explicitly (`AIRFLOW_CONN_SPARK_DEFAULT`, as docker-compose.yml does)."""
-    from iox_planner.sparkconf import spark_master
+    from iox_planner.spark.conf import spark_master
 
     os.environ.setdefault(f"AIRFLOW_CONN_{conn_id.upper()}", spark_connection(spark_master()))

@@ -1,18 +1,629 @@
-"""Configuration by environment: where the project, the catalog and the warehouse are; bounded numbers."""
+"""The settings registry: every `IOX_*` environment variable iox-batch reads, declared once here (name, kind,
+default, bounds, one line of doc), parsed by one rule per kind and read through its declaration; and the places
+they lead to (the project, its state folder, the warehouse). An invalid value fails where it is read, in one
+paragraph naming the variable and what it allows. README's configuration table is `markdown_table()` (a test holds
+them equal)."""
 
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Generic, Mapping, Sequence, TypeVar
 
 from iox_planner.errors import BadInputError
+from iox_planner.model import MAX_WRITE_POSITION
+
+T = TypeVar("T")
+
+_WHOLE = re.compile(r"[0-9]+(?:_[0-9]+)*")
+"""A whole number as Python writes one (`1_000_000`): ASCII digits, single underscores between them, no sign."""
+_MAX_DIGITS = 40
+_FLAG_ON = frozenset({"1", "true", "yes", "on"})
+_FLAG_OFF = frozenset({"0", "false", "no", "off"})
+SCHEDULE_PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
+                     "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *", "@quarterly": "0 0 1 */3 *",
+                     "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *"}
+
+
+def whole_number(text: str) -> int | None:
+    """`text` as a whole number by the one rule every setting and flag of whole numbers follows (ASCII digits,
+    single underscores between them as Python writes `1_000_000`, spaces around; no sign), else None."""
+    stripped = text.strip()
+    if len(stripped) > _MAX_DIGITS or not _WHOLE.fullmatch(stripped):
+        return None
+    return int(stripped)
+
+
+def _shown(text: str) -> str:
+    return repr(text[:40] + ("..." if len(text) > 40 else ""))
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One variable: its name, a line saying what it does, its default as README shows it. `read` gives the value
+    (the default when unset or blank); `parse` reads a value given some other way (`--set name=value`)."""
+
+    name: str
+    doc: str
+
+    def read(self, environ: Mapping[str, str] | None = None) -> T:
+        text = (os.environ if environ is None else environ).get(self.name)
+        if text is None or not text.strip():
+            return self.default_value()
+        return self.parse(text)
+
+    def default_value(self) -> T:
+        raise NotImplementedError
+
+    def parse(self, text: str, what: str | None = None) -> T:
+        raise NotImplementedError
+
+    @property
+    def shown_default(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def allowed(self) -> str:
+        raise NotImplementedError
+
+    def refusal(self, value: object, what: str | None = None, subject: str | None = None) -> BadInputError:
+        """The one paragraph for a value this setting does not allow, given as `what` (default: the variable) for
+        `subject` (default: the variable; a planner setting's `--set` name, say)."""
+        shown = _shown(value) if isinstance(value, str) else repr(value)[:40]
+        undo = "unset it" if what is None else "leave it out"
+        return BadInputError(f"{what or self.name}={shown} is not allowed: {subject or self.name} takes "
+                             f"{self.allowed} ({self.doc}); {undo} for the default, {self.shown_default}")
+
+
+@dataclass(frozen=True)
+class Whole(Setting[int]):
+    """A whole number from `low` to `high`."""
+
+    default: int = 0
+    low: int = 0
+    high: int = 0
+
+    def default_value(self) -> int:
+        return self.default
+
+    def parse(self, text: str, what: str | None = None, subject: str | None = None) -> int:
+        number = whole_number(text)
+        if number is None:
+            raise self.refusal(text, what, subject)
+        return self.check(number, what, subject, shown=text)
+
+    def check(self, value: object, what: str | None = None, subject: str | None = None, *,
+              shown: object = None) -> int:
+        """`value` (an int from a field, a param, JSON) within bounds, or the one paragraph."""
+        if not isinstance(value, int) or isinstance(value, bool) or not self.low <= value <= self.high:
+            raise self.refusal(value if shown is None else shown, what, subject)
+        return value
+
+    @property
+    def shown_default(self) -> str:
+        return f"{self.default:,}"
+
+    @property
+    def allowed(self) -> str:
+        return f"a whole number from {self.low:,} to {self.high:,}"
+
+
+@dataclass(frozen=True)
+class Choice(Setting[str]):
+    """One of a few words."""
+
+    default: str = ""
+    choices: tuple[str, ...] = ()
+
+    def default_value(self) -> str:
+        return self.default
+
+    def parse(self, text: str, what: str | None = None) -> str:
+        if text.strip() not in self.choices:
+            raise self.refusal(text, what)
+        return text.strip()
+
+    @property
+    def shown_default(self) -> str:
+        return f"`{self.default}`"
+
+    @property
+    def allowed(self) -> str:
+        return "one of " + ", ".join(f"`{c}`" for c in self.choices)
+
+
+@dataclass(frozen=True)
+class Flag(Setting[bool]):
+    """On or off; unset is off."""
+
+    def default_value(self) -> bool:
+        return False
+
+    def parse(self, text: str, what: str | None = None) -> bool:
+        word = text.strip().lower()
+        if word not in _FLAG_ON | _FLAG_OFF:
+            raise self.refusal(text, what)
+        return word in _FLAG_ON
+
+    @property
+    def shown_default(self) -> str:
+        return "off"
+
+    @property
+    def allowed(self) -> str:
+        return "1, true, yes or on; 0, false, no or off"
+
+
+@dataclass(frozen=True)
+class Text(Setting[str | None]):
+    """Free text (a URL, a Spark master, `key=value` pairs), without control characters; None when unset."""
+
+    default: str = ""
+    """What README shows for the default (the code decides it when the variable is unset)."""
+
+    def default_value(self) -> str | None:
+        return None
+
+    def parse(self, text: str, what: str | None = None) -> str:
+        if any(ord(ch) < 32 and ch not in "\n\t" or ord(ch) == 127 for ch in text):
+            raise self.refusal(text, what)
+        return text.strip()
+
+    @property
+    def shown_default(self) -> str:
+        return self.default
+
+    @property
+    def allowed(self) -> str:
+        return "text without control characters"
+
+
+@dataclass(frozen=True)
+class Folder(Setting[Path | None]):
+    """A path (`~` expanded), None when unset; its reader says what a relative one is relative to."""
+
+    default: str = ""
+
+    def default_value(self) -> Path | None:
+        return None
+
+    def parse(self, text: str, what: str | None = None) -> Path:
+        stripped = text.strip()
+        if "\0" in stripped or any(ord(ch) < 32 for ch in stripped):
+            raise self.refusal(text, what)
+        return Path(stripped).expanduser()
+
+    @property
+    def shown_default(self) -> str:
+        return self.default
+
+    @property
+    def allowed(self) -> str:
+        return "a path"
+
+
+@dataclass(frozen=True)
+class Listed(Setting[tuple[str, ...]]):
+    """Items separated by `separator` (blanks dropped); () when unset."""
+
+    default: str = ""
+    separator: str = ","
+
+    def default_value(self) -> tuple[str, ...]:
+        return ()
+
+    def parse(self, text: str, what: str | None = None) -> tuple[str, ...]:
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+            raise self.refusal(text, what)
+        return tuple(item.strip() for item in text.split(self.separator) if item.strip())
+
+    @property
+    def shown_default(self) -> str:
+        return self.default
+
+    @property
+    def allowed(self) -> str:
+        sep = "`os.pathsep` (`:`)" if self.separator == os.pathsep else f"`{self.separator}`"
+        return f"a list separated by {sep}"
+
+
+@dataclass(frozen=True)
+class Schedule(Setting[str]):
+    """When a DAG runs: a five-field cron expression or a preset."""
+
+    default: str = ""
+
+    def default_value(self) -> str:
+        return self.default
+
+    def parse(self, text: str, what: str | None = None) -> str:
+        if schedule_problem(text.strip()):
+            raise self.refusal(text, what)
+        return text.strip()
+
+    @property
+    def shown_default(self) -> str:
+        return f"`{self.default}`"
+
+    @property
+    def allowed(self) -> str:
+        return "a cron expression of five fields or a preset (`@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly`)"
+
+
+def schedule_problem(text: str) -> str | None:
+    """Why `text` is not a schedule (a five-field cron expression or a preset), or None. croniter also reads a sixth
+    field (seconds) and a seventh (year); a schedule of seconds would start a run every second, so neither is one
+    here. The one rule for `IOX_*_SCHEDULE` and a materialized definition's `schedule`."""
+    if text in SCHEDULE_PRESETS:
+        return None
+    from croniter import croniter
+
+    if len(text.split()) != 5 or not croniter.is_valid(text):
+        return (f"{text[:80]!r} is not a cron expression of five fields (minute hour day month weekday; once a "
+                "minute at most) or a preset (@hourly, @daily, @weekly, @monthly, @yearly), e.g. '*/15 * * * *'")
+    return None
+
+
+# --- the registry -----------------------------------------------------------------------------------------------------
+# Grouped as README's table is. Bounds: past them a value is a mistake (1e21 seconds is not a budget), or would cost
+# more than a clear error (a parser's recursion, an index's key size, an allocation sized by the setting).
+
+MiB = 1024 * 1024
+SETTINGS: dict[str, Setting[Any]] = {}
+"""Every variable, by name, in declaration order."""
+S = TypeVar("S", bound=Setting[Any])
+
+
+def _declare(declared: S) -> S:
+    assert declared.name not in SETTINGS, declared.name
+    SETTINGS[declared.name] = declared
+    return declared
+
+
+# Where things are
+HOME = _declare(Folder(
+    "IOX_HOME",
+    "the project checkout (catalog_sql/, dags/, spark_jobs/)",
+    "the checkout this package runs from"))
+WAREHOUSE = _declare(Folder(
+    "IOX_WAREHOUSE",
+    "where the Parquet chunk files live",
+    "`warehouse/` in the project"))
+CATALOG_URL = _declare(Text(
+    "IOX_CATALOG_URL",
+    "the catalog's SQLAlchemy URL",
+    "the project's own local Postgres, started on demand (state in `.iox/postgres.json`; as root its data lives "
+    "under `/var/tmp/iox-batch/`, owned by `postgres`)"))
+PG_BIN = _declare(Folder(
+    "IOX_PG_BIN",
+    "the folder of the local Postgres' `initdb` and `pg_ctl`",
+    "`/usr/lib/postgresql/{15,16,17}/bin`, then `PATH`"))
+OUTPUT_ROOT = _declare(Folder(
+    "IOX_OUTPUT_ROOT",
+    "where triggered and materialized runs' relative output paths go; an output root",
+    "`output/` in the project"))
+OUTPUT_ROOTS = _declare(Listed(
+    "IOX_OUTPUT_ROOTS",
+    "every folder runs may write under; the first takes relative paths unless IOX_OUTPUT_ROOT is set",
+    "`IOX_OUTPUT_ROOT`",
+    os.pathsep))
+MATERIALIZED_DIR = _declare(Folder(
+    "IOX_MATERIALIZED_DIR",
+    "the folder of materialized query definitions (`*.yaml`)",
+    "`dags/materialized/` in the project"))
+BULK_LOAD_ROOT = _declare(Folder(
+    "IOX_BULK_LOAD_ROOT",
+    "the only folder whose files and subfolders `iox_bulk_load` may read; a `folder` param resolving elsewhere is "
+    "refused",
+    "`bulk/` in the project"))
+
+# Spark
+SPARK_MASTER = _declare(Text(
+    "IOX_SPARK_MASTER",
+    "the Spark master of every session and spark-submit",
+    "`local[*]`"))
+SPARK_CONF = _declare(Text(
+    "IOX_SPARK_CONF",
+    "extra Spark settings, `key=value` separated by commas, semicolons or newlines",
+    "none"))
+RUNNER = _declare(Choice(
+    "IOX_RUNNER",
+    "how the CLI runs Spark jobs: one SparkSession in its own process, or spark-submit as the DAGs do; both run "
+    "the same job and give the same rows",
+    "in-process",
+    ("in-process", "spark-submit")))
+QUERY_TIMEOUT_S = _declare(Whole(
+    "IOX_QUERY_TIMEOUT_S",
+    "wall-time budget of a query on Spark, in seconds; `--timeout`, a run's or a definition's `timeout_s` win "
+    "(README: Budgets)",
+    3600,
+    1,
+    86_400))
+DEDUP_STRATEGY = _declare(Choice(
+    "IOX_DEDUP_STRATEGY",
+    "how Spark deduplicates: each overlap group merged in a Python worker (`arrow`), one `groupBy` over all "
+    "groups, window functions, one `groupBy` per dedup; results never depend on it",
+    "arrow",
+    ("arrow", "shared", "window", "node")))
+MAX_SPARK_JOBS = _declare(Whole(
+    "IOX_MAX_SPARK_JOBS",
+    "fan-out: the most Spark jobs a run's plan is split into, and `iox_compact`'s batches (Airflow maps at most "
+    "1,024 task instances by default)",
+    1,
+    1,
+    1024))
+SPARK_RETRIES = _declare(Whole(
+    "IOX_SPARK_RETRIES",
+    "retries of a DAG's failed Spark task (each reruns cleanly)",
+    1,
+    0,
+    10))
+SPARK_RETRY_DELAY_S = _declare(Whole(
+    "IOX_SPARK_RETRY_DELAY_S",
+    "seconds between those retries",
+    30,
+    0,
+    86_400))
+SPARK_FAST_START_ROWS = _declare(Whole(
+    "IOX_SPARK_FAST_START_ROWS",
+    "a DAG's Spark job over at most this many rows starts its JVM for latency (0: never)",
+    1_000_000,
+    0,
+    10**12))
+
+# What one query or result may cost
+PRINT_MAX_ROWS = _declare(Whole(
+    "IOX_PRINT_MAX_ROWS",
+    "the most rows of a result printed to standard output (README: Budgets)",
+    100_000,
+    1,
+    100_000_000))
+PRINT_MAX_BYTES = _declare(Whole(
+    "IOX_PRINT_MAX_BYTES",
+    "the most Arrow bytes of a result printed to standard output",
+    64 * MiB,
+    1024,
+    2**30))
+MAX_SQL_BYTES = _declare(Whole(
+    "IOX_MAX_SQL_BYTES",
+    "the most UTF-8 bytes of a query's SQL",
+    MiB,
+    64,
+    64 * MiB))
+MAX_SQL_DEPTH = _declare(Whole(
+    "IOX_MAX_SQL_DEPTH",
+    "how deep parentheses, brackets and CASE may nest in a query, brackets inside a string literal included (the "
+    "parser's recursion)",
+    64,
+    4,
+    256))
+MAX_SQL_NODES = _declare(Whole(
+    "IOX_MAX_SQL_NODES",
+    "the most syntax-tree nodes of a query",
+    500_000,
+    64,
+    20_000_000))
+MAX_SQL_LIST = _declare(Whole(
+    "IOX_MAX_SQL_LIST",
+    "the most rows of one VALUES list and values of one IN list",
+    10_000,
+    16,
+    1_000_000))
+MAX_SQL_ALLOC = _declare(Whole(
+    "IOX_MAX_SQL_ALLOC",
+    "what one call may build where its size is a constant of the query (`repeat`, `lpad`, `sequence`, format "
+    "widths...)",
+    16_777_216,
+    1024,
+    2**31 - 1))
+
+# The planner (also `--set name=value`; PRODUCT.md's planner section)
+TARGET_PARTITIONS = _declare(Whole(
+    "IOX_TARGET_PARTITIONS",
+    "Parquet files are dealt into this many file groups where their order does not matter",
+    4,
+    1,
+    10_000))
+MAX_DEDUP_PARTITION_SPLIT = _declare(Whole(
+    "IOX_MAX_DEDUP_PARTITION_SPLIT",
+    "more partitions than this under one dedup keep one dedup over all of them",
+    10_000,
+    1,
+    1_000_000))
+MAX_DEDUP_TIME_SPLIT = _declare(Whole(
+    "IOX_MAX_DEDUP_TIME_SPLIT",
+    "more time groups than this under one dedup keep it whole",
+    100,
+    1,
+    100_000))
+MAX_PARQUET_FANOUT = _declare(Whole(
+    "IOX_MAX_PARQUET_FANOUT",
+    "under a dedup, files get a sorted group each up to this many",
+    40,
+    1,
+    100_000))
+MAX_DEDUP_ROWS_PER_SLICE = _declare(Whole(
+    "IOX_MAX_DEDUP_ROWS_PER_SLICE",
+    "a dedup group estimated above this many rows is cut into time slices merged as separate tasks",
+    1_000_000,
+    1,
+    2**62))
+
+# Line protocol (every write, the bulk load, scenario files)
+LP_MAX_LINE_BYTES = _declare(Whole(
+    "IOX_LP_MAX_LINE_BYTES",
+    "the most bytes of one line (a string spanning lines counts whole); a longer one is a bad line",
+    MiB,
+    1,
+    2**31))
+LP_MAX_COLUMNS = _declare(Whole(
+    "IOX_LP_MAX_COLUMNS",
+    "the most tags plus fields on one line",
+    1000,
+    1,
+    2**31))
+LP_MAX_NAME_BYTES = _declare(Whole(
+    "IOX_LP_MAX_NAME_BYTES",
+    "the most bytes of a measurement, tag or field name (at most the 2,048 the catalog's indexes hold)",
+    256,
+    1,
+    2048))
+LP_MAX_BAD_LINES = _declare(Whole(
+    "IOX_LP_MAX_BAD_LINES",
+    "past this many bad lines reading stops and the write is refused",
+    1000,
+    1,
+    2**31))
+LP_ERRORS_SHOWN = _declare(Whole(
+    "IOX_LP_ERRORS_SHOWN",
+    'bad lines an error lists before "and K more"',
+    5,
+    1,
+    2**31))
+LP_EXCERPT_BYTES = _declare(Whole(
+    "IOX_LP_EXCERPT_BYTES",
+    "the most bytes of the input one message quotes",
+    64,
+    1,
+    2**31))
+WRITE_CHUNK_ROWS = _declare(Whole(
+    "IOX_WRITE_CHUNK_ROWS",
+    "rows of one ingester chunk of a write (all full but the newest of a table and day): what a write keeps in "
+    "memory",
+    250_000,
+    1,
+    MAX_WRITE_POSITION + 1))
+BULK_RANGE_BYTES = _declare(Whole(
+    "IOX_BULK_RANGE_BYTES",
+    "`write --spark`: about the bytes of input one Spark task parses and holds",
+    64 * MiB,
+    4096,
+    1024 * MiB))
+SCENARIO_MAX_BYTES = _declare(Whole(
+    "IOX_SCENARIO_MAX_BYTES",
+    "the most bytes of a scenario file",
+    16 * MiB,
+    1,
+    1024 * MiB))
+SCENARIO_MAX_CHUNKS = _declare(Whole(
+    "IOX_SCENARIO_MAX_CHUNKS",
+    "the most entries of a scenario's `chunks:`",
+    10_000,
+    1,
+    1_000_000))
+SCENARIO_MAX_LINES = _declare(Whole(
+    "IOX_SCENARIO_MAX_LINES",
+    "the most line-protocol lines of a scenario, all chunks together",
+    1_000_000,
+    1,
+    100_000_000))
+SCENARIO_MAX_DEPTH = _declare(Whole(
+    "IOX_SCENARIO_MAX_DEPTH",
+    "the deepest nesting of YAML collections in a scenario (it needs 4)",
+    20,
+    1,
+    100))
+
+# Maintenance
+COMPACT_COLD_SECONDS = _declare(Whole(
+    "IOX_COMPACT_COLD_SECONDS",
+    "a partition this quiet (no new chunk) is cold: its L1 files may become L2",
+    4 * 3600,
+    0,
+    10 * 365 * 86_400))
+COMPACT_TARGET_ROWS = _declare(Whole(
+    "IOX_COMPACT_TARGET_ROWS",
+    "rows of an L2 file, and below which an L1 file is small",
+    5_000_000,
+    1,
+    2**40))
+COMPACT_MAX_ROWS = _declare(Whole(
+    "IOX_COMPACT_MAX_ROWS",
+    "the most input rows one compaction task reads (its memory budget)",
+    2_000_000,
+    1,
+    2**40))
+COMPACT_MIN_SLICES = _declare(Whole(
+    "IOX_COMPACT_MIN_SLICES",
+    "a large partition is cut into at least this many time slices, run as parallel Spark tasks, while each keeps "
+    "65,536 rows or more",
+    2,
+    1,
+    4096))
+COMPACT_SCHEDULE = _declare(Schedule(
+    "IOX_COMPACT_SCHEDULE",
+    "when `iox_compact` looks for compaction work",
+    "@hourly"))
+COMPACT_DATABASES = _declare(Listed(
+    "IOX_COMPACT_DATABASES",
+    "the databases `iox_compact` compacts",
+    "all"))
+PERSIST_SCHEDULE = _declare(Schedule(
+    "IOX_PERSIST_SCHEDULE",
+    "when `iox_persist` looks for piled-up ingester chunks",
+    "*/30 * * * *"))
+PERSIST_CHUNK_THRESHOLD = _declare(Whole(
+    "IOX_PERSIST_CHUNK_THRESHOLD",
+    "`iox_persist` persists a partition once it has this many ingester chunks",
+    10,
+    1,
+    1_000_000))
+PERSIST_DATABASES = _declare(Listed(
+    "IOX_PERSIST_DATABASES",
+    "the databases `iox_persist` looks at",
+    "all"))
+
+# Runs
+RUN_LOCK_TTL_S = _declare(Whole(
+    "IOX_RUN_LOCK_TTL_S",
+    "a run lock whose holder died is taken over after this many seconds (at once when its Airflow DAG run has "
+    "ended)",
+    6 * 3600,
+    1,
+    30 * 86_400))
+REFRESH_SCHEDULE = _declare(Schedule(
+    "IOX_REFRESH_SCHEDULE",
+    "when `iox_refresh` looks for stale materialized intervals",
+    "*/15 * * * *"))
+REFRESH_CONCURRENCY = _declare(Whole(
+    "IOX_REFRESH_CONCURRENCY",
+    "how many stale intervals `iox_refresh` recomputes at once",
+    2,
+    1,
+    1024))
+
+# Debugging and the fault tests
+DEBUG = _declare(Flag(
+    "IOX_DEBUG",
+    "show a traceback for an internal error"))
+FAULT_KILL_AT = _declare(Text(
+    "IOX_FAULT_KILL_AT",
+    "fault tests only: the kill point (`faults.py`) where the process kills its own group",
+    "none"))
+FAULT_PAUSE_AT = _declare(Listed(
+    "IOX_FAULT_PAUSE_AT",
+    "fault tests only: the kill points where the process stops itself until continued",
+    "none"))
+
+
+def markdown_table(settings: Sequence[Setting[Any]] | None = None) -> str:
+    """README's configuration table: variable, default, what it allows, what it does."""
+    rows = ["| variable | default | allowed | what |", "|---|---|---|---|"]
+    for s in settings or list(SETTINGS.values()):
+        rows.append(f"| `{s.name}` | {s.shown_default} | {s.allowed} | {s.doc} |")
+    return "\n".join(rows) + "\n"
+
+
+# --- where things are -------------------------------------------------------------------------------------------------
 
 
 def project_root() -> Path:
     """The checkout this package runs from (IOX_HOME overrides): holds catalog_sql/, dags/, spark_jobs/."""
-    env = os.environ.get("IOX_HOME")
-    if env:
-        return Path(env).resolve()
+    home = HOME.read()
+    if home is not None:
+        return home.resolve()
     here = Path(__file__).resolve().parents[2]
     if (here / "catalog_sql").is_dir():
         return here
@@ -28,22 +639,5 @@ def state_dir() -> Path:
 
 def warehouse() -> Path:
     """Where Parquet lives: IOX_WAREHOUSE, else the project's own `warehouse/` folder."""
-    env = os.environ.get("IOX_WAREHOUSE")
-    path = Path(env) if env else project_root() / "warehouse"
-    return path.resolve()
-
-
-def env_int(name: str, default: int, low: int, high: int) -> int:
-    """A whole number from the environment variable `name` (underscores allowed: `1_000_000`), `default` when
-    unset or blank; outside `[low, high]` or not a number, a one-paragraph error naming the range."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        value = low - 1
-    if not low <= value <= high:
-        raise BadInputError(f"{name}={text[:40]!r} is not allowed; set a whole number from {low:,} to {high:,} "
-                            f"or unset it (default {default:,})")
-    return value
+    path = WAREHOUSE.read()
+    return (path if path is not None else project_root() / "warehouse").resolve()

@@ -1,4 +1,6 @@
-"""The project's error tree: small and flat, each message naming the thing, what was allowed and how to fix it."""
+"""The project's error tree: small and flat, each message naming the thing, what was allowed and how to fix it; and
+its one mapping to exit statuses (each class's `exit_code`), which the CLI, the Spark jobs and the run steps all
+exit with, read back from a job's status and error line by `error_for_status`."""
 
 from __future__ import annotations
 
@@ -78,6 +80,31 @@ class InternalError(IoxError):
     """A bug: an invariant of iox-batch broke. The message carries what is needed to report it."""
 
     exit_code = 70
+
+
+def _tree() -> list[type[IoxError]]:
+    """Every class of the tree, most general first (breadth first from IoxError)."""
+    found: list[type[IoxError]] = [IoxError]
+    for cls in found:
+        found.extend(sub for sub in cls.__subclasses__() if sub.__module__ == __name__ and sub not in found)
+    return found
+
+
+def error_for_status(status: int, message: str) -> IoxError:
+    """The error a child process (a spark-submit job) reported as its `error: ` line `message` and exit `status`:
+    the most general class of the tree that exits with that status (a bad query exits as a bad input, 2), IoxError
+    for a status no class has. So a job's bad input stays a bad input, and a caller exits as it would have had the
+    job run in its own process."""
+    by_status: dict[int, type[IoxError]] = {}
+    for cls in _tree():
+        if cls is not RunFailed:  # its status is its cause's
+            by_status.setdefault(cls.exit_code, cls)
+    return by_status.get(status, IoxError)(message)
+
+
+def error_named(name: str) -> type[IoxError] | None:
+    """The class of the tree called `name` (a Spark worker's error line names its class), if any."""
+    return next((cls for cls in _tree() if cls.__name__ == name), None)
 
 
 def check_text(text: str, what: str = "the SQL") -> None:

@@ -18,8 +18,10 @@ from __future__ import annotations
 import os
 import signal
 
-_KILL_AT = os.environ.get("IOX_FAULT_KILL_AT") or None
-_PAUSE_AT = frozenset(n for n in os.environ.get("IOX_FAULT_PAUSE_AT", "").split(",") if n) or None
+from iox_planner.config import FAULT_KILL_AT, FAULT_PAUSE_AT
+
+_KILL_AT = FAULT_KILL_AT.read() or None
+_PAUSE_AT = frozenset(FAULT_PAUSE_AT.read()) or None
 
 
 def kill_point(name: str) -> None:

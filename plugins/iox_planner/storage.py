@@ -4,7 +4,8 @@ the catalog names a file.
 
     <db id>/<table id>/<partition id>/<uuid>.parquet            a chunk: write, persist, bulk load, registration
     <db id>/<table id>/<partition id>/<uuid>.compacted.parquet  a compaction's output (staged, then swapped in)
-    <folder>/.<name>.<32 hex digits>.tmp                        a file being written (`write_parquet_atomic`)
+    <folder>/.<name>.<32 hex digits>.tmp                        a file being written (`write_parquet_atomic`,
+                                                                `write_json_atomic`)
     _bulk/<load id>/                                            a bulk load's staging folder (id: 32 hex digits):
                                                                 its tasks' chunks and its manifest
 
@@ -14,6 +15,7 @@ Paths are built from catalog ids, never from names, and are relative to the ware
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import uuid
@@ -129,6 +131,18 @@ def write_parquet_atomic(table: pa.Table, path: Path, *, metadata: Mapping[str, 
         tmp.unlink(missing_ok=True)
         raise
     return path.stat().st_size
+
+
+def write_json_atomic(data: object, path: Path) -> None:
+    """`data` as JSON at `path`, written aside and renamed into place: a reader (a caller waiting for a Spark job's
+    report, the `iox_compact` run summing its batches') finds the whole of it or nothing."""
+    tmp = temp_path(path)
+    try:
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @dataclass

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from af_support import DagRunner
 from helpers import catalog_counts
 
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.settings import RunSettings
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.bulk import resolve_source
@@ -23,8 +23,8 @@ pytestmark = pytest.mark.airflow
 T0 = 1704153590 * 10**9  # ten seconds before midnight
 
 
-def _settings(root: Path) -> AirflowSettings:
-    return AirflowSettings.from_env({"IOX_BULK_LOAD_ROOT": str(root)})
+def _settings(root: Path) -> RunSettings:
+    return RunSettings.from_env({"IOX_BULK_LOAD_ROOT": str(root)})
 
 
 def test_the_folder_must_resolve_inside_the_root(tmp_path: Path) -> None:

@@ -273,21 +273,18 @@ class AfWorld:
         return run
 
     def _spark_job(self, plan_file: Path) -> None:
-        import argparse
-
         from iox_planner.catalog.publications import CatalogLedger
-        from iox_planner.cli import runner
+        from iox_planner.output import OutputFormat
         from iox_planner.output.publish import publishing_as
-        from iox_planner.planner.serde import plan_from_json
-        from spark_jobs.run_plan import run as run_plan
+        from iox_planner.spark.budget import query_timeout_s
+        from iox_planner.spark.jobs import PlanJob
+        from spark_jobs.launch import InProcessLauncher
 
         folder = self.folder / "spark-job"
         folder.mkdir()
         with publishing_as("fault test spark job", CatalogLedger(self.catalog)):
-            rows = run_plan(plan_from_json(plan_file.read_text()), runner.session(), argparse.Namespace(
-                warehouse=str(self.fw.warehouse), format="jsonl", output=str(folder / "result.jsonl"),
-                strategy=None))
-        (folder / "metrics.json").write_text(json.dumps({"rows": rows}))
+            InProcessLauncher().run(PlanJob(plan_file, folder / "result.jsonl", OutputFormat.JSONL,
+                                            query_timeout_s(), self.fw.warehouse, report=folder / "metrics.json"))
         folder.rename(self.spark_result)
 
     def commit_seconds(self) -> float:

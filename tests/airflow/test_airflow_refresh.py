@@ -45,10 +45,10 @@ def rows(path: Path) -> list[dict[str, Any]]:
 def test_iox_refresh_reruns_exactly_the_stale_interval_then_the_rollup(
         airflow_env: dict[str, str], dag_runner: DagRunner, catalog: Catalog, spark: object,
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from iox_planner.cli.runner import run_staged_in_process
+    from spark_jobs.launch import InProcessLauncher
     from iox_planner.runs import refresh
     from iox_planner.runs.definitions import load_definitions
-    from iox_planner.runs.settings import AirflowSettings
+    from iox_planner.runs.settings import RunSettings
     from iox_planner.runs.staging import RunIdentity
 
     suffix = uuid.uuid4().hex[:8]
@@ -71,14 +71,14 @@ def test_iox_refresh_reruns_exactly_the_stale_interval_then_the_rollup(
     for key in ("IOX_OUTPUT_ROOT", "IOX_OUTPUT_ROOTS"):
         monkeypatch.setenv(key, airflow_env[key])
     monkeypatch.setenv("IOX_MATERIALIZED_DIR", str(folder))
-    settings = AirflowSettings.from_env()
+    settings = RunSettings.from_env()
     found = load_definitions(folder)
     out = settings.output_root
 
     def materialize(name: str, start: int, end: int) -> None:
         run = RunIdentity(f"materialize_{name}", f"scheduled__{start}")
         result = refresh.refresh_interval(refresh.pick(found, name), start, end, run, settings,
-                                          run_spark=run_staged_in_process)
+                                          launcher=InProcessLauncher())
         assert result.ok, result.error
 
     def states(name: str) -> list[tuple[int, str]]:

@@ -8,7 +8,7 @@ was. An iox-batch output was published there first, so replacing it would have b
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -116,16 +116,14 @@ def _prepare(fw: FaultWorld, db: str, output: Path, fmt: str, register: bool, ru
     """Plan a DAG run and execute its Spark job here (the shared session), as the commit task finds them; returns
     the commit's spec for commit_driver.py."""
     from iox_planner.output import OutputFormat
-    from iox_planner.runs.planning import plan, spark_format
+    from iox_planner.runs.planning import plan
     from iox_planner.runs.request import QueryRequest, RegisterAs
-    from iox_planner.runs.settings import AirflowSettings
-    from iox_planner.runs.staging import RunIdentity, Staging
+    from iox_planner.runs.settings import RunSettings
+    from iox_planner.runs.staging import RunIdentity
 
     from iox_planner.catalog.publications import CatalogLedger
-    from iox_planner.cli import runner
     from iox_planner.output.publish import publishing_as
-    from iox_planner.planner.serde import plan_from_json
-    from spark_jobs.run_plan import run
+    from spark_jobs.launch import InProcessLauncher
 
     r = {"db": db, "sql": ROLLUP if register else QUERY, "output": str(output), "format": fmt,
          "time_start": DAY0 if register else None, "time_end": DAY0 + DAY if register else None,
@@ -135,14 +133,11 @@ def _prepare(fw: FaultWorld, db: str, output: Path, fmt: str, register: bool, ru
                            time_end=r["time_end"], definition=r["definition"],
                            register_as=RegisterAs("m_daily", ("k",)) if register else None)
     identity = RunIdentity("race_dag", run_id)
-    outcome = plan(request, identity, AirflowSettings.from_env())
+    outcome = plan(request, identity, RunSettings.from_env())
     assert outcome.merge is None and len(outcome.jobs) == 1
-    staging = Staging(Path(outcome.staging))
-    spark_fmt = spark_format(request)
     with publishing_as("race test spark job", CatalogLedger(fw.catalog)):
-        rows = run(plan_from_json(staging.plan_file.read_text()), runner.session(), argparse.Namespace(
-            warehouse=str(fw.warehouse), format=spark_fmt, output=str(staging.result(spark_fmt)), strategy=None))
-    staging.metrics.write_text(json.dumps({"rows": rows}))
+        # The run's job as the run task runs it; its report is the metrics file the commit step reads.
+        InProcessLauncher().run(dataclasses.replace(outcome.jobs[0], warehouse=fw.warehouse))
     return {"request": r, "dag_id": identity.dag_id, "run_id": identity.run_id, "handle": outcome.handle()}
 
 
@@ -235,3 +230,32 @@ def test_cluster_writers_get_a_name_only_where_nobody_else_can_repoint_it(tmp_pa
             _stage_for_cluster(output)
         assert str(output.parent if output.parent.name == "theirs" else shared) in str(refused.value)
         assert [n for n in os.listdir(output.parent) if n.startswith(".")] == [], output
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_fanout_part_folder_swapped_while_writing(fw: FaultWorld, tmp_path: Path) -> None:
+    """A fan-out part job (`run_parts.py part`, a real process of its own) writes `parts/<k>` through its staging
+    folder held open, published by a rename there (`output/publish.py` `staged`): `parts` swapped for a link while
+    it writes receives nothing, and the job fails in one paragraph. (It wrote `parts/<k>` by name and removed
+    whatever was there with `rmtree` before.)"""
+    from iox_planner.catalog.store import CatalogSource
+    from iox_planner.planner import plan_query
+    from iox_planner.planner.serde import plan_to_json
+
+    db = f"race_{uuid.uuid4().hex[:10]}"
+    for i in range(3):  # every NULL-able field of QUERY exists
+        write_line_protocol(fw.catalog, db, batch(i))
+    plan_file = tmp_path / "part-0.json"
+    plan_file.write_text(plan_to_json(plan_query(QUERY, CatalogSource(fw.catalog, db))))
+    parts, elsewhere = tmp_path / "parts", tmp_path / "elsewhere"
+    parts.mkdir()
+    elsewhere.mkdir()
+    argv = [sys.executable, str(Path(__file__).resolve().parents[2] / "spark_jobs" / "run_parts.py"), "part",
+            "--plan", str(plan_file), "--warehouse", str(fw.warehouse), "--output", str(parts / "0"),
+            "--report", str(tmp_path / "part-0.report.json")]
+    outcome, real = _race(argv, fw.env(IOX_FAULT_PAUSE_AT=PAUSE, IOX_SPARK_MASTER="local[1]"), parts, elsewhere)
+    assert outcome.returncode == BadInputError.exit_code, outcome.stderr[-3000:]
+    assert [line for line in outcome.stderr.splitlines() if line.startswith("error: ")][-1].count(SWAPPED) == 1
+    assert sorted(os.listdir(elsewhere)) == [], "part files were written into the other folder"
+    assert sorted(os.listdir(real)) == [] and not (tmp_path / "part-0.report.json").exists()

@@ -19,14 +19,14 @@ from iox_planner.planner.fanout import split_plan
 from iox_planner.planner.nodes import DeduplicateExec, EmptyExec
 from iox_planner.runs.definitions import load_definitions, parse_definition
 from iox_planner.runs.request import QueryRequest
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.settings import RunSettings
 from iox_planner.timeutil import INT64_MAX, INT64_MIN
 
 ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"
 DATA = ROOT / "tests" / "airflow" / "data"  # the Airflow tests' sample scenarios
 
-SETTINGS = AirflowSettings(output_root=Path("/data/out"), materialized_dir=Path("/nowhere"))
+SETTINGS = RunSettings(output_root=Path("/data/out"), materialized_dir=Path("/nowhere"))
 GOOD: dict[str, Any] = {
     "name": "cpu_hourly", "db": "tsbs", "sql": "SELECT 1", "schedule": "@hourly", "start_date": "2024-01-01",
     "output": "cpu/{start:%Y-%m-%dT%H}.parquet",
@@ -121,12 +121,13 @@ def test_requests_from_params() -> None:
 
 
 def test_settings_from_the_environment() -> None:
-    got = AirflowSettings.from_env({"IOX_MAX_SPARK_JOBS": "3", "IOX_OUTPUT_ROOT": "/x", "IOX_SPARK_RETRIES": "0"})
+    got = RunSettings.from_env({"IOX_MAX_SPARK_JOBS": "3", "IOX_OUTPUT_ROOT": "/x", "IOX_SPARK_RETRIES": "0"})
     assert (got.max_spark_jobs, got.output_root, got.spark_retries) == (3, Path("/x"), 0)
-    with pytest.raises(BadInputError, match="IOX_MAX_SPARK_JOBS must be a whole number of at least 1"):
-        AirflowSettings.from_env({"IOX_MAX_SPARK_JOBS": "0"})
-    with pytest.raises(BadInputError, match="IOX_PERSIST_CHUNK_THRESHOLD='many' is not a whole number"):
-        AirflowSettings.from_env({"IOX_PERSIST_CHUNK_THRESHOLD": "many"})
+    with pytest.raises(BadInputError, match="IOX_MAX_SPARK_JOBS='0' is not allowed: IOX_MAX_SPARK_JOBS takes a "
+                       "whole number from 1 to 1,024"):
+        RunSettings.from_env({"IOX_MAX_SPARK_JOBS": "0"})
+    with pytest.raises(BadInputError, match="IOX_PERSIST_CHUNK_THRESHOLD='many' is not allowed"):
+        RunSettings.from_env({"IOX_PERSIST_CHUNK_THRESHOLD": "many"})
 
 
 def test_fan_out_deals_overlap_groups_into_at_most_n_parts() -> None:

@@ -316,10 +316,10 @@ def test_a_plan_killed_after_taking_the_lock_is_recorded_by_the_failure_path(cat
     ids, mark it failed and free its lock, and never touch a lock another run holds."""
     from iox_planner.runs.failure import fail
     from iox_planner.runs.request import QueryRequest
-    from iox_planner.runs.settings import AirflowSettings
+    from iox_planner.runs.settings import RunSettings
     from iox_planner.runs.staging import RunIdentity, Staging
 
-    settings = AirflowSettings(output_root=tmp_path, output_roots=(tmp_path,))
+    settings = RunSettings(output_root=tmp_path, output_roots=(tmp_path,))
     request = QueryRequest.from_params({"db": db, "sql": "SELECT * FROM h2o", "output": str(tmp_path / "o.jsonl"),
                                         "format": "jsonl"}, settings)
     killed = RunIdentity("iox_query", f"killed-plan-{db}")

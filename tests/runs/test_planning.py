@@ -19,7 +19,7 @@ from iox_planner.ingest.write import write_line_protocol
 from iox_planner.runs.definitions import MaterializedQuery, parse_definition
 from iox_planner.runs.failure import fail
 from iox_planner.runs.planning import plan
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.settings import RunSettings
 from iox_planner.runs.staging import RunIdentity, Staging
 
 T0 = 1704067200 * 10**9  # 2024-01-01T00:00:00Z
@@ -35,12 +35,12 @@ def _definition(db: str, name: str, table: str) -> MaterializedQuery:
     }, f"{name}.yaml")
 
 
-def _plan(definition: MaterializedQuery, settings: AirflowSettings) -> tuple[Any, Any, RunIdentity]:
+def _plan(definition: MaterializedQuery, settings: RunSettings) -> tuple[Any, Any, RunIdentity]:
     request = definition.request(START, START + dt.timedelta(days=1), settings)
     return request, plan, RunIdentity(f"materialize_{definition.name}", f"test__{uuid.uuid4().hex[:8]}")
 
 
-def _refused(catalog: Catalog, definition: MaterializedQuery, settings: AirflowSettings, message: str) -> None:
+def _refused(catalog: Catalog, definition: MaterializedQuery, settings: RunSettings, message: str) -> None:
     request, step, run = _plan(definition, settings)
     with pytest.raises(RunFailed) as err:
         step(request, run, settings)
@@ -51,7 +51,7 @@ def _refused(catalog: Catalog, definition: MaterializedQuery, settings: AirflowS
     assert not Staging.for_run(request.output, run).root.exists() and not request.output.exists()
 
 
-def _planned(catalog: Catalog, definition: MaterializedQuery, settings: AirflowSettings) -> None:
+def _planned(catalog: Catalog, definition: MaterializedQuery, settings: RunSettings) -> None:
     """The plan step goes through (then the run is failed on purpose, which frees its lock)."""
     request, step, run = _plan(definition, settings)
     outcome = step(request, run, settings)
@@ -61,7 +61,7 @@ def _planned(catalog: Catalog, definition: MaterializedQuery, settings: AirflowS
 
 def test_register_as_over_a_table_ingest_wrote_is_refused_when_the_run_plans(catalog: Catalog, db: str,
                                                                             tmp_path: Path) -> None:
-    settings = AirflowSettings(output_root=tmp_path, output_roots=(tmp_path,))
+    settings = RunSettings(output_root=tmp_path, output_roots=(tmp_path,))
     write_line_protocol(catalog, db, f"cpu,host=a v=1 {T0 + 1}\nh2o,city=b temp=1 {T0 + 2}")
     _refused(catalog, _definition(db, "over_h2o", "h2o"), settings,
              "register_as: table 'h2o' of database " + db + " holds data that was written to it (write)")
@@ -72,7 +72,7 @@ def test_register_as_over_a_table_ingest_wrote_is_refused_when_the_run_plans(cat
 
 def test_register_as_may_replace_only_what_its_own_runs_registered(catalog: Catalog, db: str,
                                                                    tmp_path: Path) -> None:
-    settings = AirflowSettings(output_root=tmp_path, output_roots=(tmp_path,))
+    settings = RunSettings(output_root=tmp_path, output_roots=(tmp_path,))
     write_line_protocol(catalog, db, f"cpu,host=a v=1 {T0 + 1}")
     mine = _definition(db, "mine", "rollup")
     # An earlier run of `mine` registered the table: the table is `mine`'s from then on.

@@ -16,17 +16,17 @@ from iox_planner.errors import BadInputError, RunFailed
 from iox_planner.runs.definitions import parse_definition
 from iox_planner.runs.planning import plan
 from iox_planner.runs.request import QueryRequest
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.settings import RunSettings
 from iox_planner.runs.staging import RunIdentity
 
 QUERY = "SELECT state, city, time FROM h2o"
 
 
-def _settings(root: Path, *more: Path) -> AirflowSettings:
-    return AirflowSettings(output_root=root, output_roots=(root, *more))
+def _settings(root: Path, *more: Path) -> RunSettings:
+    return RunSettings(output_root=root, output_roots=(root, *more))
 
 
-def _request(settings: AirflowSettings, output: str, fmt: str = "jsonl") -> QueryRequest:
+def _request(settings: RunSettings, output: str, fmt: str = "jsonl") -> QueryRequest:
     return QueryRequest.from_params({"db": "demo", "sql": QUERY, "output": output, "format": fmt}, settings)
 
 
@@ -70,11 +70,11 @@ def test_outputs_that_leave_the_roots_or_could_run_are_refused(tmp_path: Path, o
 
 def test_output_roots_from_the_environment(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
-    got = AirflowSettings.from_env({"IOX_OUTPUT_ROOTS": f"{a}{os.pathsep}{b}"})
+    got = RunSettings.from_env({"IOX_OUTPUT_ROOTS": f"{a}{os.pathsep}{b}"})
     assert got.output_root == a and got.output_roots == (a, b)
     assert _request(got, str(b / "x.csv"), "csv").output == b / "x.csv"
     with pytest.raises(BadInputError, match="filesystem root"):
-        AirflowSettings.from_env({"IOX_OUTPUT_ROOTS": "/"})
+        RunSettings.from_env({"IOX_OUTPUT_ROOTS": "/"})
 
 
 def test_a_definition_writing_outside_the_roots_fails_in_the_plan_step(catalog: Catalog, db: str,

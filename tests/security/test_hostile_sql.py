@@ -569,24 +569,26 @@ def test_sql_file_reads_a_query_and_checks_it(h2o_db: str, tmp_path: Path, untou
 
 def test_sql_file_takes_a_megabyte_query_up_to_the_limit(h2o_db: str, tmp_path: Path) -> None:
     """A 1 MB query (a long IN list) fits the default limit; one byte more than the limit is refused."""
-    from iox_planner.planner.limits import DEFAULT_MAX_SQL_BYTES
+    from iox_planner.config import MAX_SQL_BYTES
+
+    limit = MAX_SQL_BYTES.default
 
     # IN lists of at most IOX_MAX_SQL_LIST values each, ORed.
     head, tail = "SELECT count(*) AS n FROM h2o WHERE city IN (", ")"
     items, size = [], len(head) + len(tail)
     i = 0
-    while size < DEFAULT_MAX_SQL_BYTES - 40:
+    while size < limit - 40:
         item = f"'c{i:08d}', " if (i + 1) % 5_000 else f"'c{i:08d}') OR city IN ("
         items.append(item)
         size += len(item)
         i += 1
     sql = head + "".join(items) + "'SF'" + tail
-    assert 1_000_000 < len(sql) <= DEFAULT_MAX_SQL_BYTES
+    assert 1_000_000 < len(sql) <= limit
     path = tmp_path / "big.sql"
     path.write_text(sql)
     result = run_cli("explain", "--db", h2o_db, "--sql-file", str(path), "--format", "json")
     assert result.returncode == 0, result.stderr[-2000:]
-    path.write_text(sql + " " * (DEFAULT_MAX_SQL_BYTES - len(sql) + 1))
+    path.write_text(sql + " " * (limit - len(sql) + 1))
     assert_one_paragraph_error(run_cli("explain", "--db", h2o_db, "--sql-file", str(path)),
                                "IOX_MAX_SQL_BYTES")
 
@@ -608,14 +610,14 @@ SPARK_ERRORS = [
 
 @pytest.mark.spark
 def test_a_spark_error_keeps_its_class_and_drops_the_plan(spark: Any, catalog: Any, h2o_db: str) -> None:
-    from iox_planner.cli import runner
     from iox_planner.catalog.store import CatalogSource
+    from iox_planner.cli.runner import run
     from iox_planner.output import OutputFormat
 
     for sql, error_class in SPARK_ERRORS:
         plan = plan_query(sql, CatalogSource(catalog, h2o_db))
         with pytest.raises(IoxError) as caught:
-            runner.run_in_process(plan, OutputFormat.JSONL, None, io.StringIO())
+            run(plan, OutputFormat.JSONL, None, io.StringIO())
         message = str(caught.value)
         assert message.startswith("the query failed on Spark: " + error_class), message
         for internal in ("__iox_scan_", "__time_ns", "__iox_ns_", "MapInArrow", "Project [", "\n", "SQLSTATE",
@@ -625,7 +627,7 @@ def test_a_spark_error_keeps_its_class_and_drops_the_plan(spark: Any, catalog: A
 
 
 def test_no_configuration_turns_variable_substitution_back_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    from iox_planner.sparkconf import session_conf
+    from iox_planner.spark.conf import session_conf
 
     monkeypatch.setenv("IOX_SPARK_CONF", "spark.sql.variable.substitute=true")
     assert session_conf()["spark.sql.variable.substitute"] == "false"

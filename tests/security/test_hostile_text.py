@@ -204,17 +204,17 @@ def test_materialized_status_shows_a_failure_quoting_user_text(hostile: Hostile,
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     # A scheduled run of it fails while planning (no Spark), the way a materialize run records it.
-    from iox_planner.cli.runner import run_staged_in_process
+    from spark_jobs.launch import InProcessLauncher
     from iox_planner.runs import refresh
     from iox_planner.runs.definitions import load_definitions
-    from iox_planner.runs.settings import AirflowSettings
+    from iox_planner.runs.settings import RunSettings
     from iox_planner.runs.staging import RunIdentity
 
-    settings = AirflowSettings.from_env()
+    settings = RunSettings.from_env()
     definition = refresh.pick(load_definitions(settings.materialized_dir), "hostile")
     result = refresh.refresh_interval(definition, T0, T0 + 3600 * 10**9,
                                       RunIdentity("materialize_hostile", "scheduled__hostile"), settings,
-                                      run_spark=run_staged_in_process)
+                                      launcher=InProcessLauncher())
     assert not result.ok and "[red]x[/]" in str(result.error)
     status = run_cli("materialized", "status", env=env)
     assert status.returncode == 0, status.stderr

@@ -321,3 +321,36 @@ def test_a_cut_inside_a_string_spanning_lines_gives_the_plain_result(spark: Any,
     assert "redoing the load as plain writes" in done.stderr
     got = {(r["host"], r.get("n"), r.get("msg")) for r in run_jsonl(spark, catalog, db, "SELECT * FROM log")}
     assert ("h9", None, text) in got and len(got) == 200
+
+
+def test_a_bad_line_through_spark_submit_exits_as_in_process(spark: Any, catalog: Catalog, db: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`IOX_RUNNER=spark-submit` (a real spark-submit of run_bulk_load.py): a bad line is a bad input, exit 2 with
+    the plain write's own paragraph, exactly as in this process (it came back as exit 1 before: a job exited 1 for
+    any error)."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.lp").write_text("cpu,host=h1 usage=1.5 1704153590000000000\n"
+                                 "cpu,host=h1 usage=abc 1704153590000000001\n")
+    in_process = cli("write", "--spark", "--db", db, str(folder))
+    monkeypatch.setenv("IOX_RUNNER", "spark-submit")
+    monkeypatch.setenv("IOX_SPARK_MASTER", "local[1]")
+    submitted = cli("write", "--spark", "--db", db, str(folder))
+    assert in_process.returncode == submitted.returncode == BadInputError.exit_code, submitted.stderr[-2000:]
+    last = [r.stderr.strip().splitlines()[-1] for r in (in_process, submitted)]
+    assert last[0] == last[1] and last[0].startswith("error: nothing was written") and "1 bad line" in last[0], last
+    assert "catalog" not in last[1]
+
+
+def test_a_workers_bad_input_stays_a_bad_input(spark: Any) -> None:
+    """`run_tasks`: a Python worker's error of the tree keeps its class (and exit status); anything else is the
+    catalog error it always was. (Lambdas: a worker cannot import this test module, so they travel by value.)"""
+    from iox_planner.errors import CatalogError, check_text
+    from spark_jobs.errors import run_tasks
+
+    with pytest.raises(BadInputError, match=r"^loading failed: the SQL contains a NUL character") as bad:
+        run_tasks(spark, [1], lambda _: check_text("a\0b"), "test", "loading failed")
+    assert bad.value.exit_code == BadInputError.exit_code
+    with pytest.raises(CatalogError, match=r"^loading failed: FileNotFoundError: ") as raised:
+        run_tasks(spark, [1], lambda _: open("/nonexistent/iox/x"), "test", "loading failed")
+    assert type(raised.value) is CatalogError

@@ -102,23 +102,24 @@ def test_a_watermark_the_catalog_can_no_longer_answer_is_refused(spark: object, 
 def test_iox_query_param_changes_since_plans_and_records_the_watermark(
         spark: object, catalog: Catalog, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The run domain `iox_query`'s tasks call (plan, Spark in-process, commit), without Airflow itself."""
-    from iox_planner.cli.runner import run_staged_in_process
+    from spark_jobs.launch import InProcessLauncher
     from iox_planner.runs.commit import commit
     from iox_planner.runs.planning import plan
     from iox_planner.runs.request import QueryRequest
-    from iox_planner.runs.settings import AirflowSettings
+    from iox_planner.runs.refresh import run_jobs
+    from iox_planner.runs.settings import RunSettings
     from iox_planner.runs.staging import RunIdentity
 
     monkeypatch.setenv("IOX_OUTPUT_ROOT", str(tmp_path))
     monkeypatch.delenv("IOX_OUTPUT_ROOTS", raising=False)
-    settings = AirflowSettings.from_env()
+    settings = RunSettings.from_env()
 
     def read(since: str, n: int) -> tuple[list[str], str]:
         request = QueryRequest.from_params({"db": db, "sql": "SELECT k, v FROM m", "output": f"r{n}.jsonl",
                                             "format": "jsonl", "changes_since": since}, settings)
         run = RunIdentity("iox_query", f"changes_{n}")
         outcome = plan(request, run, settings)
-        run_staged_in_process(outcome, request)
+        run_jobs(outcome, InProcessLauncher())
         assert commit(request, run, outcome.handle()).rows >= 0
         with catalog.engine.connect() as conn:
             recorded = conn.execute(sa.text("SELECT changes_watermark, params->>'changes_since' FROM iox_query_run "

@@ -377,22 +377,24 @@ def test_cli_compacts_and_reports(spark: Any, catalog: Catalog, db: str) -> None
 def test_cli_compacts_through_the_spark_submit_job(spark: Any, catalog: Catalog, db: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """IOX_RUNNER=spark-submit: the CLI runs `spark_jobs/run_compact.py --db --table --partition` and prints the
-    summary from the job's report. Here the command's own arguments run in this process (a spark-submit costs a JVM
-    start; the `iox_compact` DAG's test runs the same job through a real one)."""
-    from iox_planner.cli import runner
-    from iox_planner.errors import IoxError
-    from iox_planner.sparkconf import jobs_dir
-    from spark_jobs import run_compact
+    summary from the job's report. Here the command's own arguments run in this process, read back by the job
+    wrapper as spark-submit's would be (a spark-submit costs a JVM start; the `iox_compact` DAG's test runs the
+    same job through a real one)."""
+    import spark_jobs.launch
+    from iox_planner.spark.conf import jobs_dir
+    from iox_planner.spark.jobs import parse_job
+    from iox_planner.spark.launch import SubmitLauncher
+    from spark_jobs.job import run_job
+    from spark_jobs.session import shared_session
 
     commands: list[list[str]] = []
 
-    def submit_here(command: list[str], what: str = "spark-submit") -> None:
+    def submit_here(command: list[str], what: str = "spark-submit", budget: int | None = None) -> None:
         commands.append(command)
         args = command[command.index(str(jobs_dir() / "run_compact.py")) + 1:]
-        if run_compact.main(args) != 0:
-            raise IoxError("run_compact.py failed")
+        run_job(parse_job("run_compact.py", args), shared_session, lambda line: None)
 
-    monkeypatch.setattr(runner, "run_submit", submit_here)
+    monkeypatch.setattr(spark_jobs.launch, "SubmitLauncher", lambda: SubmitLauncher(submit=submit_here))
     monkeypatch.setenv("IOX_RUNNER", "spark-submit")
     load(catalog, db, [{"id": "A", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {T0}\nm,t=b f=1 {T0}"},
                        {"id": "B", "kind": "parquet", "order": 2, "lines": f"m,t=a f=2 {T0}"}])
@@ -436,13 +438,13 @@ def test_swap_racing_a_write_a_persist_a_query_and_a_second_compactor(spark: Any
     assert report.totals()["partitions"] == 1
     second = early["second"]
     assert not second.compacted and "another compaction" in (second.outcomes[0].skipped or "")
-    from iox_planner.cli import runner
+    from iox_planner.cli.runner import run
     from iox_planner.output import OutputFormat
     import io
     import json
 
     out = io.StringIO()
-    runner.run_in_process(early["plan"], OutputFormat.JSONL, None, out)
+    run(early["plan"], OutputFormat.JSONL, None, out)
     old_view = sorted((r["t"], r["f"]) for r in map(json.loads, out.getvalue().splitlines()))
     want = [("a", 3.0), ("b", 1.0), ("c", 4.0)]
     assert old_view == want

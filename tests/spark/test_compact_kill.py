@@ -33,7 +33,7 @@ T0, S = 1_704_067_200_000_000_000, 1_000_000_000
 SCRIPT = """
 import os, signal, sys
 from iox_planner.catalog.store import Catalog
-from iox_planner.cli.runner import session
+from spark_jobs.session import shared_session
 from iox_planner.maintenance.compact.run import compact
 from iox_planner.maintenance.compact.settings import CompactSettings
 from spark_jobs.compact_job import spark_slice_runner
@@ -41,7 +41,7 @@ from spark_jobs.compact_job import spark_slice_runner
 def die():
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
-compact(Catalog(), sys.argv[1], spark_slice_runner(session()), settings=CompactSettings(max_rows=40),
+compact(Catalog(), sys.argv[1], spark_slice_runner(shared_session()), settings=CompactSettings(max_rows=40),
         after_slices=die if sys.argv[2] == "after-slices" else None)
 print("finished")
 """
@@ -129,14 +129,15 @@ def test_the_spark_submit_job_exits_75_when_the_catalog_is_unreachable(tmp_path:
     """A real spark-submit of `run_compact.py` against a catalog URL where no Postgres listens (a port just freed):
     exit 75, the retryable status every other entry point gives a lost catalog, so the DAG's retries are meant;
     one `error: ` paragraph, no traceback, no report."""
-    from iox_planner.sparkconf import spark_env, spark_submit_command
+    from iox_planner.spark.conf import spark_env
+    from iox_planner.spark.jobs import CompactJob
+    from iox_planner.spark.launch import SubmitLauncher
 
     port = free_port()
     monkeypatch.setenv("IOX_CATALOG_URL", f"postgresql+psycopg2://iox@127.0.0.1:{port}/iox")
     monkeypatch.setenv("IOX_SPARK_MASTER", "local[1]")
     report = tmp_path / "report.json"
-    command = spark_submit_command("run_compact.py", ["--metrics", str(report), "--target", "somedb=1"],
-                                   fast_start=True)
+    command = SubmitLauncher().command(CompactJob(report=report, targets=(("somedb", (1,)),)))
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **spark_env()}, timeout=300)
     output = done.stdout + done.stderr
     errors = [line for line in output.splitlines() if line.startswith("error: ")]

@@ -16,7 +16,7 @@ from helpers import live_chunks
 from spark_helpers import cli, plan, run_jsonl
 
 from iox_planner.catalog.store import Catalog
-from iox_planner.cli import runner
+from iox_planner.cli.runner import run as run_query
 from iox_planner.errors import IoxError
 from iox_planner.ingest import write as ingest
 from iox_planner.maintenance import persist
@@ -41,7 +41,7 @@ def run_plan(query_plan: Any) -> list[dict[str, Any]]:
     import io
 
     out = io.StringIO()
-    runner.run_in_process(query_plan, OutputFormat.JSONL, None, out)
+    run_query(query_plan, OutputFormat.JSONL, None, out)
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
@@ -192,10 +192,10 @@ def test_materialized_run_publishes_never_run_intervals_and_a_drop_makes_them_st
     from iox_planner.runs.failure import fail
     from iox_planner.runs.planning import plan as plan_run
     from iox_planner.runs.refresh import _dt, pick
-    from iox_planner.runs.settings import AirflowSettings
+    from iox_planner.runs.settings import RunSettings
     from iox_planner.runs.staging import RunIdentity
 
-    settings = AirflowSettings.from_env()
+    settings = RunSettings.from_env()
     definition = pick(load_definitions(settings.materialized_dir), name)
     request = definition.request(_dt(T0 + 2 * H), _dt(T0 + 3 * H), settings)
     run = RunIdentity("test", "holder")

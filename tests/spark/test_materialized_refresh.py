@@ -100,16 +100,16 @@ def setup(tmp_path: Path, catalog: Catalog, db: str, spark: object,
 
 def materialize(name: str, start: int, end: int) -> None:
     """One interval the way a materialize run computes it (plan and commit steps of runs.py), Spark in-process."""
-    from iox_planner.cli.runner import run_staged_in_process
+    from spark_jobs.launch import InProcessLauncher
     from iox_planner.runs import refresh
     from iox_planner.runs.definitions import load_definitions
-    from iox_planner.runs.settings import AirflowSettings
+    from iox_planner.runs.settings import RunSettings
     from iox_planner.runs.staging import RunIdentity
 
-    settings = AirflowSettings.from_env()
+    settings = RunSettings.from_env()
     definition = refresh.pick(load_definitions(settings.materialized_dir), name)
     run = RunIdentity(f"materialize_{name}", f"scheduled__{start}")
-    result = refresh.refresh_interval(definition, start, end, run, settings, run_spark=run_staged_in_process)
+    result = refresh.refresh_interval(definition, start, end, run, settings, launcher=InProcessLauncher())
     assert result.ok, result.error
 
 

@@ -140,16 +140,16 @@ def test_a_spark_submit_job_outliving_its_budget_is_stopped_with_everything_unde
     """The watchdog outside a spark-submit job (for a job whose own cancellation cannot stop it): a stand-in job
     that ignores SIGTERM, as does a child it started, is stopped with that child, and the command fails with the
     budget's error (exit 124). Real processes; the grace shortened from a minute to a second."""
-    from iox_planner import sparkconf
     from iox_planner.errors import QueryTimeoutError
+    from iox_planner.spark import submit
 
-    monkeypatch.setattr(sparkconf, "SUBMIT_GRACE_S", 1)
-    monkeypatch.setattr(sparkconf, "STOP_GRACE_S", 1)
+    monkeypatch.setattr(submit, "SUBMIT_GRACE_S", 1)
+    monkeypatch.setattr(submit, "STOP_GRACE_S", 1)
     pids = tmp_path / "pids"
     job = f"trap '' TERM; sleep 300 & echo $$ $! > {pids}; wait"
     started = time.monotonic()
     with pytest.raises(QueryTimeoutError, match="time budget of 1 s") as raised:
-        sparkconf.run_submit(["sh", "-c", job, "job", sparkconf.TIMEOUT_ARG, "1"])
+        submit.run_submit(["sh", "-c", job], budget=1)
     assert raised.value.exit_code == 124
     assert time.monotonic() - started < 10
     for pid in map(int, pids.read_text().split()):

@@ -136,7 +136,8 @@ def test_an_unknown_dedup_strategy_is_one_paragraph(monkeypatch: Any) -> None:
     from spark_jobs.execute import Strategy, dedup_strategy
 
     monkeypatch.setenv("IOX_DEDUP_STRATEGY", "bogus")
-    with pytest.raises(BadInputError, match="IOX_DEDUP_STRATEGY='bogus' is not a dedup strategy; use one of arrow"):
+    with pytest.raises(BadInputError, match="IOX_DEDUP_STRATEGY='bogus' is not allowed: IOX_DEDUP_STRATEGY takes "
+                       "one of `arrow`"):
         dedup_strategy()
     assert dedup_strategy("window") is Strategy.WINDOW
     monkeypatch.setenv("IOX_DEDUP_STRATEGY", "shared")

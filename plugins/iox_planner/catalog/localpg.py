@@ -20,7 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from iox_planner.config import project_root, state_dir
+from iox_planner.config import CATALOG_URL, PG_BIN, project_root, state_dir
 from iox_planner.errors import CatalogError
 
 PG_BIN_CANDIDATES = ("/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin")
@@ -38,8 +38,8 @@ class LocalPostgres:
 
 
 def _pg_bin() -> Path:
-    env = os.environ.get("IOX_PG_BIN")
-    candidates = (env,) if env else PG_BIN_CANDIDATES
+    env = PG_BIN.read()
+    candidates = (str(env),) if env is not None else PG_BIN_CANDIDATES
     for candidate in candidates:
         if candidate and (Path(candidate) / "pg_ctl").exists():
             return Path(candidate)
@@ -210,7 +210,7 @@ def stop_cluster(pg: LocalPostgres, mode: str = "fast") -> None:
 # The catalog's default URL lives here, not in config.py (paths and env only), so config imports nothing.
 def catalog_url() -> str:
     """IOX_CATALOG_URL, else the project's own local Postgres (started on demand and reused)."""
-    env = os.environ.get("IOX_CATALOG_URL")
+    env = CATALOG_URL.read()
     if env:
         return env
     return ensure_running().url("iox")

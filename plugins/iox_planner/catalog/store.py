@@ -3,7 +3,8 @@ parameters only)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Sequence
+import contextlib
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
@@ -395,12 +396,18 @@ class Catalog:
         conn.execute(ct.delete().where(ct.c.id.in_(list(ids))))
 
 
-def open_catalog() -> Catalog:
-    """The configured catalog, its schema brought up to date: what a run step or a refresh starts from. The caller
-    disposes of it."""
-    catalog = Catalog()
-    catalog.require_schema()
-    return catalog
+@contextlib.contextmanager
+def open_catalog(url: str | None = None, *, check_schema: bool = True) -> Iterator[Catalog]:
+    """The configured catalog (or `url`'s), its schema brought up to date, disposed of when the block ends: the one
+    way a command, a run step, a Spark job or a DAG task opens the catalog. `check_schema=False` leaves the schema
+    check to the block, for a step that records its own failure even when that check fails (runs/commit.py)."""
+    catalog = Catalog(url)
+    try:
+        if check_schema:
+            catalog.require_schema()
+        yield catalog
+    finally:
+        catalog.dispose()
 
 
 def chunk_from_row(row: ChunkRow, table_columns: Mapping[str, ColumnType]) -> Chunk:

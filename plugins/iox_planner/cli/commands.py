@@ -27,23 +27,24 @@ def plan_from_args(args: argparse.Namespace) -> Any:
     for name in params:
         check_name(name, "--param name")
     lo, hi = time_range(args.time_start, args.time_end)
+    since = getattr(args, "changes_since", None)
+
+    def plan(source: Any) -> Any:
+        # Taken before any chunk list (catalog/changes.py): every write inside the window is in every table's list.
+        changes = source.change_window(since) if since is not None else None
+        return plan_query(args.sql, source, params=params, time_start=lo, time_end=hi, settings=settings,
+                          changes=changes)
+
     if getattr(args, "chunks", None):
         from iox_planner.ingest.scenario import read_scenario, scenario_source
 
-        source: Any = scenario_source(read_scenario(args.chunks))
-    else:
-        if not args.db:
-            raise BadInputError("explain needs --db DB (or --chunks SCENARIO.yaml to plan without a catalog)")
-        from iox_planner.catalog.store import Catalog, CatalogSource
+        return plan(scenario_source(read_scenario(args.chunks)))
+    if not args.db:
+        raise BadInputError("explain needs --db DB (or --chunks SCENARIO.yaml to plan without a catalog)")
+    from iox_planner.catalog.store import CatalogSource, open_catalog
 
-        catalog = Catalog()
-        catalog.require_schema()
-        source = CatalogSource(catalog, args.db)
-    since = getattr(args, "changes_since", None)
-    # Taken before any chunk list (catalog/changes.py): every write inside the window is in every table's list.
-    changes = source.change_window(since) if since is not None else None
-    return plan_query(args.sql, source, params=params, time_start=lo, time_end=hi, settings=settings,
-                      changes=changes)
+    with open_catalog() as catalog:
+        return plan(CatalogSource(catalog, args.db))
 
 
 def explain(args: argparse.Namespace) -> str:
@@ -57,7 +58,7 @@ def explain(args: argparse.Namespace) -> str:
         if args.format != "tree":
             raise BadInputError("--analyze shows its metrics in the tree format; drop --format or use tree")
         from iox_planner.cli.runner import analyze
-        from iox_planner.sparkconf import query_timeout_s
+        from iox_planner.spark.budget import query_timeout_s
 
         timeout_s = query_timeout_s(args.timeout, "--timeout")  # checked before planning: a bad value costs nothing
         return analyze(plan_from_args(args), timeout_s)
@@ -72,7 +73,7 @@ def query(args: argparse.Namespace, console: Any, err: Any) -> int:
 
     from iox_planner.output import OutputFormat
     from iox_planner.cli.runner import run
-    from iox_planner.sparkconf import query_timeout_s
+    from iox_planner.spark.budget import query_timeout_s
 
     fmt = OutputFormat(args.format)
     timeout_s = query_timeout_s(args.timeout, "--timeout")  # checked before planning: a bad value costs nothing

@@ -19,23 +19,15 @@ report = console(best_effort=True)
 err = console(stderr=True, best_effort=True)
 
 
-def _catalog() -> Any:
-    from iox_planner.catalog.store import Catalog
-
-    catalog = Catalog()
-    catalog.require_schema()
-    return catalog
-
-
 # --- commands ------------------------------------------------------------------------------------------------
 
 
 def cmd_catalog_migrate(args: argparse.Namespace) -> int:
-    from iox_planner.catalog.store import Catalog
+    from iox_planner.catalog.store import open_catalog
 
-    catalog = Catalog()
-    applied = catalog.migrate()
-    version = catalog.schema_version()
+    with open_catalog(check_schema=False) as catalog:  # migrating is this command's work
+        applied = catalog.migrate()
+        version = catalog.schema_version()
     if applied:
         for m in applied:
             report.print(f"applied {m.version:04d}_{m.name}.sql")
@@ -51,15 +43,18 @@ def cmd_write(args: argparse.Namespace) -> int:
     if args.spark:
         from iox_planner.cli.runner import bulk_load
 
-        result = bulk_load(_catalog(), args.db, args.file, Precision(args.precision), args.accept_partial, err.print)
+        result = bulk_load(args.db, args.file, Precision(args.precision), args.accept_partial, err.print)
         _print_write(result, args.db)
         return 0
+    from iox_planner.catalog.store import open_catalog
+
     # Streamed: the input is read block by block while its chunks are written, never whole.
     stream, source = open_input(args.file)
     try:
-        catalog = _catalog()
-        result = write_line_blocks(catalog, args.db, line_blocks(stream, source), precision=Precision(args.precision),
-                                   accept_partial=args.accept_partial, source=source)
+        with open_catalog() as catalog:
+            result = write_line_blocks(catalog, args.db, line_blocks(stream, source),
+                                       precision=Precision(args.precision), accept_partial=args.accept_partial,
+                                       source=source)
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()
@@ -77,10 +72,11 @@ def _print_write(result: Any, db: str) -> None:
 
 
 def cmd_persist(args: argparse.Namespace) -> int:
+    from iox_planner.catalog.store import open_catalog
     from iox_planner.maintenance.persist import persist
 
-    catalog = _catalog()
-    results = persist(catalog, args.db, table=args.table, warn=lambda note: err.print(f"warning: {note}"))
+    with open_catalog() as catalog:
+        results = persist(catalog, args.db, table=args.table, warn=lambda note: err.print(f"warning: {note}"))
     for r in results:
         report.print(f"persisted {r.table} {r.partition}: {r.chunks_in} ingester chunk(s), {r.rows_in} rows -> "
                      f"file {r.file_id} with {r.rows_out} rows (order {r.order})")
@@ -94,41 +90,24 @@ def cmd_compact(args: argparse.Namespace) -> int:
     from iox_planner.maintenance.compact.report import describe_plan, outcome_note
     from iox_planner.maintenance.compact.settings import CompactSettings
 
-    catalog = _catalog()
-    settings = CompactSettings.from_env()
-    if args.dry_run:
-        plans = dry_run(catalog, args.db, table=args.table, partition=args.partition, settings=settings)
-        for item in plans:
-            for line in describe_plan(item):
-                out.print(line)
-        if not plans:
-            out.print("nothing to compact")
-        out.print("dry run: nothing was changed")
-        return 0
-    from iox_planner.cli import runner
+    from iox_planner.catalog.store import open_catalog
+    from iox_planner.cli.runner import compact
     from iox_planner.maintenance.compact.plan import check_target
-    from iox_planner.maintenance.compact.report import report_dict
-    from iox_planner.maintenance.compact.run import compact
 
-    if runner.compacting_in_spark_submit():
+    settings = CompactSettings.from_env()
+    with open_catalog() as catalog:
+        if args.dry_run:
+            plans = dry_run(catalog, args.db, table=args.table, partition=args.partition, settings=settings)
+            for item in plans:
+                for line in describe_plan(item):
+                    out.print(line)
+            if not plans:
+                out.print("nothing to compact")
+            out.print("dry run: nothing was changed")
+            return 0
         with catalog.engine.connect() as conn:  # unknown names fail here, before a Spark job starts
             check_target(catalog, conn, args.db, args.table, args.partition)
-        err.print("compacting through spark-submit")
-        t = runner.compact_spark_submit(args.db, args.table, args.partition)
-        for o in t["outcomes"]:
-            if o["skipped"] is None:
-                err.print(f"{o['table']} {o['partition']}: L{o['level']}: {o['files_in']} file(s), "
-                          f"{o['rows_in']:,} rows -> {o['files_out']} file(s), {o['rows_out']:,} rows; "
-                          f"{o['files_promoted']} file(s) promoted in place")
-    else:
-        from spark_jobs.compact_job import spark_slice_runner
-
-        # The Spark session starts only when some partition needs a rewrite: promotions alone need no Spark job.
-        def run_slices(tasks: Any, root: Any) -> Any:
-            return spark_slice_runner(runner.session())(tasks, root)
-
-        t = report_dict(compact(catalog, args.db, run_slices, table=args.table,
-                                partition=args.partition, settings=settings, progress=err.print))
+    t = compact(args.db, args.table, args.partition, err.print)
     for o in t["outcomes"]:
         note = outcome_note(o)
         if note is not None:
@@ -149,17 +128,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from iox_planner.maintenance.persist import persist
     from iox_planner.ingest.write import write_line_protocol
     from iox_planner.timeutil import NS_PER_SECOND, parse_time
+    from iox_planner.catalog.store import open_catalog
     from iox_planner.ingest.tsbs import generate_cpu
 
     if args.hosts < 1 or args.hours < 1 or not 0 <= args.rewrite_fraction <= 1:
         raise BadInputError("--hosts and --hours must be at least 1 and --rewrite-fraction between 0 and 1")
-    catalog = _catalog()
     start = parse_time(args.start, what="--start")
     batches = generate_cpu(hosts=args.hosts, start_ns=start, end_ns=start + args.hours * 3600 * NS_PER_SECOND,
                            interval_s=args.interval, seed=args.seed, rewrite_fraction=args.rewrite_fraction)
     total = args.hours + round(args.rewrite_fraction * args.hours)
     rows = 0
-    with Progress(console=err, transient=True) as progress:
+    with open_catalog() as catalog, Progress(console=err, transient=True) as progress:
         task = progress.add_task("writing cpu", total=total)
         for batch in batches:
             rows += write_line_protocol(catalog, args.db, batch.text, source=batch.label).rows
@@ -175,9 +154,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_load(args: argparse.Namespace) -> int:
     from iox_planner.ingest.scenario import load_scenario, read_scenario
 
+    from iox_planner.catalog.store import open_catalog
+
     scenario = read_scenario(args.scenario)
-    catalog = _catalog()
-    db, loaded = load_scenario(catalog, scenario, args.db)
+    with open_catalog() as catalog:
+        db, loaded = load_scenario(catalog, scenario, args.db)
     for c in loaded:
         report.print(f"loaded {c.kind.value} chunk {c.id}: {c.table} {c.partition}, {c.rows} rows, order {c.order}")
     report.print(f"{len(loaded)} chunk(s) loaded into {db}")
@@ -186,19 +167,22 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 def cmd_drop(args: argparse.Namespace) -> int:
     from iox_planner.catalog.drops import drop_database, drop_table
+    from iox_planner.catalog.store import open_catalog
     from iox_planner.config import warehouse
 
     if args.table is not None:
         if not args.yes:
             raise BadInputError(f"dropping table {args.table!r} of database {args.db!r} removes it from queries at "
                                 "once and deletes its files after the grace period; add --yes to confirm")
-        done = drop_table(_catalog(), args.db, args.table)
+        with open_catalog() as catalog:
+            done = drop_table(catalog, args.db, args.table)
         report.print(f"dropped table {done.table} of database {done.db} (order {done.order}); {done.chunks} "
                      "chunk(s) retired, their files are deleted after the grace period")
         return 0
     if not args.yes:
         raise BadInputError(f"dropping database {args.db!r} deletes its catalog rows and files; add --yes to confirm")
-    drop_database(_catalog(), args.db, warehouse())
+    with open_catalog() as catalog:
+        drop_database(catalog, args.db, warehouse())
     report.print(f"dropped database {args.db}")
     return 0
 
@@ -206,17 +190,18 @@ def cmd_drop(args: argparse.Namespace) -> int:
 def cmd_database(args: argparse.Namespace) -> int:
     from iox_planner.catalog.retention import create_database, describe_retention, parse_retention, set_retention
 
-    catalog = _catalog()
+    from iox_planner.catalog.store import open_catalog
+
     if args.database_command == "create":
         retention = parse_retention(args.retention or "none")
-        with catalog.engine.begin() as conn:
+        with open_catalog() as catalog, catalog.engine.begin() as conn:
             create_database(conn, args.name, retention)
         report.print(f"created database {args.name} (retention {describe_retention(retention)})")
         return 0
     if args.retention is None:
         raise BadInputError("database update changes the retention: give --retention DURATION (e.g. 30d) or none")
     retention = parse_retention(args.retention)
-    with catalog.engine.begin() as conn:
+    with open_catalog() as catalog, catalog.engine.begin() as conn:
         change = set_retention(conn, catalog.database_id(conn, args.name), args.name, retention)
     report.print(f"database {args.name}: retention {describe_retention(change.before)} -> "
                  f"{describe_retention(change.after)}")
@@ -224,10 +209,11 @@ def cmd_database(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from iox_planner.catalog.store import open_catalog
     from iox_planner.cli.show import show
 
-    catalog = _catalog()
-    show(catalog, args.db, args.table, out)
+    with open_catalog() as catalog:
+        show(catalog, args.db, args.table, out)
     return 0
 
 
@@ -467,8 +453,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from iox_planner.config import DEBUG
+
     func: Callable[[argparse.Namespace], int] = args.func
+    debug = False
     try:
+        debug = DEBUG.read()  # read first: a bad value is an error like any other
         _check_argv(args)
         _resolve_sql(args)
         return func(args)
@@ -489,7 +479,7 @@ def _run(args: argparse.Namespace) -> int:
         if lost is not None:
             err.print(clip_message(f"error: {lost}"))
             return lost.exit_code
-        if os.environ.get("IOX_DEBUG"):
+        if debug:
             raise
         err.print(clip_message(f"internal error: {type(error).__name__}: {error}") + " (set IOX_DEBUG=1 for the "
                   "traceback, and please report it)")

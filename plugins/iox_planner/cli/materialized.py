@@ -1,7 +1,7 @@
 """`iox-batch materialized status|refresh`: which materialized intervals are stale because data arrived after they
 ran, and recomputing exactly those by hand (no scheduler needed). The definitions and the refresh steps are the
 run domain's (`iox_planner.runs.definitions`, `refresh`), the same ones `iox_refresh` calls, so the CLI and the DAG
-cannot drift apart; the CLI only chooses how Spark runs (IOX_RUNNER, cli/runner.py `staged_runner`)."""
+cannot drift apart; the CLI only chooses how Spark runs (IOX_RUNNER, `spark_jobs/launch.py` `launcher`)."""
 
 from __future__ import annotations
 
@@ -16,28 +16,25 @@ from typing import Any
 from iox_planner.errors import BadInputError
 from iox_planner.runs import refresh as refresh_mod
 from iox_planner.runs.definitions import MaterializedQuery, load_definitions
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.settings import RunSettings
 from iox_planner.runs.staging import RunIdentity
 from iox_planner.timeutil import format_time, parse_time
+from iox_planner.spark.launch import Launcher
 
 
 def _definitions(name: str | None) -> list[MaterializedQuery]:
-    found = load_definitions(AirflowSettings.from_env().materialized_dir)
+    found = load_definitions(RunSettings.from_env().materialized_dir)
     if name is not None:
         found = [refresh_mod.pick(found, name)]
     return found
 
 
 def status(args: argparse.Namespace, console: Any) -> int:
-    from iox_planner.catalog.store import Catalog
+    from iox_planner.catalog.store import open_catalog
 
     chosen = _definitions(args.name)
-    catalog = Catalog()
-    catalog.require_schema()
-    try:
+    with open_catalog() as catalog:
         report = [refresh_mod.status(catalog, d) for d in chosen]
-    finally:
-        catalog.dispose()
     if args.format == "json":
         doc = {"definitions": [r.as_json(args.stale_only) for r in report]}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -61,9 +58,9 @@ def status(args: argparse.Namespace, console: Any) -> int:
 
 
 def refresh(args: argparse.Namespace, console: Any) -> int:
-    from iox_planner.catalog.store import Catalog
+    from iox_planner.catalog.store import open_catalog
 
-    settings = AirflowSettings.from_env()
+    settings = RunSettings.from_env()
     every = load_definitions(settings.materialized_dir)
     refresh_mod.pick(every, args.name)
     lo = parse_time(args.from_, what="--from") if args.from_ else None
@@ -74,11 +71,9 @@ def refresh(args: argparse.Namespace, console: Any) -> int:
     # only once its parent's intervals are re-registered, so each level's stale intervals are found after the
     # level before has been refreshed.
     chain = refresh_mod.with_dependants(every, args.name)
-    catalog = Catalog()
-    catalog.require_schema()
     runner = _Runner("refresh", settings)
     failed = refreshed = 0
-    try:
+    with open_catalog() as catalog:
         for level in refresh_mod.refresh_levels(chain):
             for definition in level:
                 # The named definition honours --from/--to; its dependants refresh whatever went stale.
@@ -96,8 +91,6 @@ def refresh(args: argparse.Namespace, console: Any) -> int:
                     failed += not result.ok
                 if args.dry_run and todo:
                     console.print(f"(dependants of {definition.name} may go stale once it is refreshed)")
-    finally:
-        catalog.dispose()
     if args.dry_run:
         return 0
     if failed:
@@ -109,22 +102,22 @@ def refresh(args: argparse.Namespace, console: Any) -> int:
 
 class _Runner:
     """Runs intervals one by one through `refresh_mod.refresh_interval` (the plan, commit, lock and record of an
-    Airflow run), as `iox-batch` runs identified by the user, host and process; Spark is chosen at the first
-    interval run (IOX_RUNNER, cli/runner.py `staged_runner`)."""
+    Airflow run), as `iox-batch` runs identified by the user, host and process; the launcher is chosen at the first
+    interval run (IOX_RUNNER, `spark_jobs/launch.py` `launcher`)."""
 
-    def __init__(self, kind: str, settings: AirflowSettings) -> None:
+    def __init__(self, kind: str, settings: RunSettings) -> None:
         self.kind = kind
         self.settings = settings
         self.who = f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
-        self.run_spark: refresh_mod.RunSpark | None = None
+        self.launch: Launcher | None = None
 
     def run(self, definition: MaterializedQuery, start: int, end: int) -> refresh_mod.RefreshResult:
-        if self.run_spark is None:
-            from iox_planner.cli.runner import staged_runner
+        if self.launch is None:
+            from spark_jobs.launch import launcher
 
-            self.run_spark = staged_runner()
+            self.launch = launcher()
         run = RunIdentity("iox-batch", f"{self.kind}:{definition.name}:{format_time(start)}:{self.who}")
-        return refresh_mod.refresh_interval(definition, start, end, run, self.settings, run_spark=self.run_spark)
+        return refresh_mod.refresh_interval(definition, start, end, run, self.settings, launcher=self.launch)
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
@@ -133,7 +126,7 @@ def run(args: argparse.Namespace, console: Any) -> int:
     interval another run holds fails alone (its run lock), and the others go on."""
     import datetime as dt
 
-    settings = AirflowSettings.from_env()
+    settings = RunSettings.from_env()
     definition = refresh_mod.pick(load_definitions(settings.materialized_dir), args.name)
     lo = parse_time(args.from_, what="--from")
     hi = parse_time(args.to, what="--to")

@@ -50,7 +50,7 @@ from iox_planner.catalog import locks
 from iox_planner.catalog.freshness import record_writes
 from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.store import Catalog
-from iox_planner.config import env_int
+from iox_planner import config
 from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogUnavailableError
 from iox_planner.faults import kill_point
@@ -62,13 +62,11 @@ from iox_planner.ingest.lineprotocol.vectorized import Piece
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import now_ns, partition_of
 
-DEFAULT_RANGE_BYTES = 64 * 1024 * 1024
-
 
 def range_bytes() -> int:
     """`IOX_BULK_RANGE_BYTES`: the size a task's byte range aims at (ranges end at the next LF). A task holds its
     range's rows in memory, so this bounds a task's memory (about 5x the range for TSBS-like lines)."""
-    return env_int("IOX_BULK_RANGE_BYTES", DEFAULT_RANGE_BYTES, 4096, 1024 * 1024 * 1024)
+    return config.BULK_RANGE_BYTES.read()
 
 
 # --- input --------------------------------------------------------------------------------------------------------

@@ -10,35 +10,11 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from iox_planner import config
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.lineprotocol import Point, parse
 from iox_planner.model import LOCAL_STORE, MAX_ORDER, TIME, Chunk, ChunkKind, ColumnType, StaticSource
 from iox_planner.timeutil import now_ns, partition_bounds, partition_of
-
-
-# Limits on a scenario file, so a hostile one fails fast instead of exhausting memory. Scenarios are hand-written
-# test and demo data: these are far above any real one. Each can be raised by its environment variable.
-LIMITS = {
-    "IOX_SCENARIO_MAX_BYTES": 16 * 1024 * 1024,  # the file's size
-    "IOX_SCENARIO_MAX_CHUNKS": 10_000,           # entries of `chunks:`
-    "IOX_SCENARIO_MAX_LINES": 1_000_000,         # line-protocol lines, all chunks together
-    "IOX_SCENARIO_MAX_DEPTH": 20,                # nesting of YAML collections (a scenario needs 4)
-}
-
-
-def limit(name: str) -> int:
-    import os
-
-    text = os.environ.get(name)
-    if not text:
-        return LIMITS[name]
-    try:
-        value = int(text)
-    except ValueError:
-        raise BadInputError(f"{name}={text[:20]!r} is not a whole number") from None
-    if value < 1:
-        raise BadInputError(f"{name} must be at least 1, got {value}")
-    return value
 
 
 def _excerpt(value: object, size: int = 60) -> str:
@@ -158,10 +134,11 @@ def _fail(where: str, message: str) -> BadInputError:
 
 
 def read_scenario(path: str | Path) -> Scenario:
-    """Parse and validate a scenario file (no catalog needed)."""
-    doc = read_yaml(path, "scenario file", max_bytes=limit("IOX_SCENARIO_MAX_BYTES"),
+    """Parse and validate a scenario file (no catalog needed), within the IOX_SCENARIO_MAX_* limits: a hostile one
+    fails fast instead of exhausting memory (scenarios are hand-written test and demo data, far below them)."""
+    doc = read_yaml(path, "scenario file", max_bytes=config.SCENARIO_MAX_BYTES.read(),
                     size_note="(IOX_SCENARIO_MAX_BYTES); split it or raise the limit",
-                    max_depth=limit("IOX_SCENARIO_MAX_DEPTH"),
+                    max_depth=config.SCENARIO_MAX_DEPTH.read(),
                     depth_note="(IOX_SCENARIO_MAX_DEPTH); a scenario needs 4")
     return parse_scenario(doc, str(path))
 
@@ -179,11 +156,11 @@ def parse_scenario(doc: Any, name: str = "scenario") -> Scenario:
     entries = doc.get("chunks")
     if not isinstance(entries, list) or not entries:
         raise BadInputError(f"{name}: `chunks` must be a non-empty list")
-    max_chunks = limit("IOX_SCENARIO_MAX_CHUNKS")
+    max_chunks = config.SCENARIO_MAX_CHUNKS.read()
     if len(entries) > max_chunks:
         raise BadInputError(f"{name}: {len(entries)} chunks; a scenario holds at most {max_chunks} "
                             "(IOX_SCENARIO_MAX_CHUNKS)")
-    max_lines = limit("IOX_SCENARIO_MAX_LINES")
+    max_lines = config.SCENARIO_MAX_LINES.read()
     lines = sum(e["lines"].count("\n") + 1 for e in entries if isinstance(e, dict) and isinstance(e.get("lines"), str))
     if lines > max_lines:
         raise BadInputError(f"{name}: {lines} lines of line protocol; a scenario holds at most {max_lines} "

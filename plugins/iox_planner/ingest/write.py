@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from sqlalchemy.engine import Connection
 
-from iox_planner import storage
+from iox_planner import config, storage
 from iox_planner.catalog import locks
 from iox_planner.catalog.freshness import WriteEvent, record_writes
 from iox_planner.catalog.names import check_db_name
@@ -273,16 +273,7 @@ def _as_persisted(
 def write_chunk_rows(env: Mapping[str, str] | None = None) -> int:
     """`IOX_WRITE_CHUNK_ROWS`: the most rows one ingester chunk of a write holds (a larger write of one table and
     day becomes several chunks, newest last); it bounds what a write keeps in memory."""
-    text = (os.environ if env is None else env).get("IOX_WRITE_CHUNK_ROWS", "")
-    if not text:
-        return DEFAULT_CHUNK_ROWS
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_WRITE_POSITION + 1:
-        raise BadInputError(f"IOX_WRITE_CHUNK_ROWS={text[:32]!r} is not allowed: it must be a whole number from 1 to "
-                            f"{MAX_WRITE_POSITION + 1}; unset it to use the default ({DEFAULT_CHUNK_ROWS})")
-    return int(text)
-
-
-DEFAULT_CHUNK_ROWS = 250_000
+    return config.WRITE_CHUNK_ROWS.read(env)
 
 
 def write_line_protocol(

@@ -9,48 +9,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from iox_planner.config import env_int
+from iox_planner import config
 from iox_planner.errors import BadInputError, BadQueryError
-
-DEFAULT_MAX_SQL_BYTES = 1_048_576
-DEFAULT_MAX_SQL_DEPTH = 64
-DEFAULT_MAX_SQL_NODES = 500_000
-DEFAULT_MAX_SQL_LIST = 10_000
-DEFAULT_MAX_SQL_ALLOC = 16_777_216
-_FLOORS = {"IOX_MAX_SQL_BYTES": 64, "IOX_MAX_SQL_DEPTH": 4, "IOX_MAX_SQL_NODES": 64, "IOX_MAX_SQL_LIST": 16,
-           "IOX_MAX_SQL_ALLOC": 1_024}
-# Never raised past these, whatever the environment says: beyond them the parser's recursion (about 25 Python
-# frames per nesting level) or memory would fail with something worse than a clear error.
-_CEILINGS = {"IOX_MAX_SQL_BYTES": 64 * 1_048_576, "IOX_MAX_SQL_DEPTH": 256, "IOX_MAX_SQL_NODES": 20_000_000,
-             "IOX_MAX_SQL_LIST": 1_000_000, "IOX_MAX_SQL_ALLOC": 2**31 - 1}
 
 
 @dataclass(frozen=True)
 class SqlLimits:
-    max_bytes: int = DEFAULT_MAX_SQL_BYTES
+    max_bytes: int = config.MAX_SQL_BYTES.default
     """The SQL text's size in UTF-8 bytes (`IOX_MAX_SQL_BYTES`)."""
-    max_depth: int = DEFAULT_MAX_SQL_DEPTH
-    """How deep parentheses, brackets and CASE ... END may nest (`IOX_MAX_SQL_DEPTH`)."""
-    max_nodes: int = DEFAULT_MAX_SQL_NODES
+    max_depth: int = config.MAX_SQL_DEPTH.default
+    """How deep parentheses, brackets and CASE ... END may nest (`IOX_MAX_SQL_DEPTH`): the parser recurses about
+    25 Python frames per level."""
+    max_nodes: int = config.MAX_SQL_NODES.default
     """Syntax-tree nodes of the parsed query (`IOX_MAX_SQL_NODES`)."""
-    max_list: int = DEFAULT_MAX_SQL_LIST
+    max_list: int = config.MAX_SQL_LIST.default
     """Rows of one VALUES list and values of one IN list (`IOX_MAX_SQL_LIST`): analysis and Spark's planning cost
     grow faster than their length (200,000 VALUES rows took 37 s and 1 GB to plan)."""
-    max_alloc: int = DEFAULT_MAX_SQL_ALLOC
+    max_alloc: int = config.MAX_SQL_ALLOC.default
     """What one call may build where its size is a constant of the query (`IOX_MAX_SQL_ALLOC`): the count of
     `repeat`, `array_repeat` and `sequence`, the width of `space`, `lpad`, `rpad` and of format specifiers."""
 
     @staticmethod
     def from_env() -> SqlLimits:
-        return SqlLimits(_env_int("IOX_MAX_SQL_BYTES", DEFAULT_MAX_SQL_BYTES),
-                         _env_int("IOX_MAX_SQL_DEPTH", DEFAULT_MAX_SQL_DEPTH),
-                         _env_int("IOX_MAX_SQL_NODES", DEFAULT_MAX_SQL_NODES),
-                         _env_int("IOX_MAX_SQL_LIST", DEFAULT_MAX_SQL_LIST),
-                         _env_int("IOX_MAX_SQL_ALLOC", DEFAULT_MAX_SQL_ALLOC))
-
-
-def _env_int(name: str, default: int) -> int:
-    return env_int(name, default, _FLOORS[name], _CEILINGS[name])
+        return SqlLimits(config.MAX_SQL_BYTES.read(), config.MAX_SQL_DEPTH.read(), config.MAX_SQL_NODES.read(),
+                         config.MAX_SQL_LIST.read(), config.MAX_SQL_ALLOC.read())
 
 
 def check_size(sql: str, limits: SqlLimits) -> None:

@@ -20,7 +20,7 @@ from iox_planner.timeutil import format_time
 from iox_planner.runs.failure import fail_run
 from iox_planner.runs.planning import spark_format
 from iox_planner.runs.request import QueryRequest
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.settings import RunSettings
 from iox_planner.runs.staging import RunFiles, RunIdentity, Staging
 
 if TYPE_CHECKING:
@@ -44,64 +44,63 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
     folder, everything read from it and the publication all go through that descriptor, so a folder swapped for a
     link meanwhile neither feeds the commit someone else's files nor receives the result."""
     from iox_planner.catalog import runs
-    from iox_planner.catalog.store import Catalog, catalog_unavailable
+    from iox_planner.catalog.store import catalog_unavailable, open_catalog
     from iox_planner.output.publish import PinnedFolder
 
     kill_point("commit.start")
-    catalog = Catalog()  # connects on first use, inside the try: a catalog unreachable from the start is a failure
-    staging = Staging(Path(handle["staging"]))
-    run_pk = int(handle["query_run"])
-    key = request.lock_key()
-    try:
-        catalog.require_schema()
-        done = runs.get_run(catalog, run_pk)
-        if done is not None and done["status"] == runs.RunStatus.SUCCESS.value:
-            # This commit already happened (the task was cleared and ran again, or was killed after its
-            # transaction committed, before removing the staging folder): finish the tidying, change nothing else.
-            # Going on would find the lock released and mark a succeeded run failed.
-            staging.remove()
-            return CommitOutcome(run_pk, str(request.output), int(done["row_count"] or 0), None)
-        fmt = spark_format(request)
-        # Again at publication: a folder under the root swapped for a symlink since planning must not lead out.
-        output = request.check_output(AirflowSettings.from_env())
-        with PinnedFolder(output.parent) as folder:
-            files = RunFiles(folder, staging)
-            try:
-                if files.lstat(staging.metrics.name) is None:
-                    raise BadInputError(f"the Spark job left no result in {staging.root}; it did not finish")
-                rows = int(json.loads(files.read_text(staging.metrics.name))["rows"])
-                registered = None
-                from iox_planner.output.publish import publishing_as
-                from iox_planner.catalog.publications import CatalogLedger
+    # The schema is checked inside the try: a catalog unreachable from the start is a failure this step records.
+    with open_catalog(check_schema=False) as catalog:
+        staging = Staging(Path(handle["staging"]))
+        run_pk = int(handle["query_run"])
+        key = request.lock_key()
+        try:
+            catalog.require_schema()
+            done = runs.get_run(catalog, run_pk)
+            if done is not None and done["status"] == runs.RunStatus.SUCCESS.value:
+                # This commit already happened (the task was cleared and ran again, or was killed after its
+                # transaction committed, before removing the staging folder): finish the tidying, change nothing else.
+                # Going on would find the lock released and mark a succeeded run failed.
+                staging.remove()
+                return CommitOutcome(run_pk, str(request.output), int(done["row_count"] or 0), None)
+            fmt = spark_format(request)
+            # Again at publication: a folder under the root swapped for a symlink since planning must not lead out.
+            output = request.check_output(RunSettings.from_env())
+            with PinnedFolder(output.parent) as folder:
+                files = RunFiles(folder, staging)
+                try:
+                    if files.lstat(staging.metrics.name) is None:
+                        raise BadInputError(f"the Spark job left no result in {staging.root}; it did not finish")
+                    rows = int(json.loads(files.read_text(staging.metrics.name))["rows"])
+                    registered = None
+                    from iox_planner.output.publish import publishing_as
+                    from iox_planner.catalog.publications import CatalogLedger
 
-                with publishing_as(run.holder, CatalogLedger(catalog)), catalog.engine.begin() as conn:
-                    runs.check_lock(conn, key, run.holder)
-                    if fmt is OutputFormat.ARROW:
-                        rows, registered = _publish_from_arrow(catalog, conn, request, output, folder, files,
-                                                               staging.result(fmt).name)
-                    else:
-                        _publish(files, staging.result(fmt).name, output, folder, request.format)
-                    if (request.definition is not None and request.time_start is not None
-                            and request.time_end is not None):
-                        _record_reads(conn, request, files, run_pk)
-                    runs.finish_run(catalog, run_pk, runs.RunStatus.SUCCESS, row_count=rows, conn=conn)
-                    runs.release_lock(catalog, key, run.holder, conn=conn)
-                    kill_point("commit.before_commit")
-                kill_point("commit.after_commit")
-                files.remove()
-            except BaseException as err:
-                # As failure.record_failure would (it keeps the folder only for a retry once the catalog is back),
-                # but through the held folder: after a swap the staging folder's name leads elsewhere.
-                if catalog_unavailable(err) is None:
+                    with publishing_as(run.holder, CatalogLedger(catalog)), catalog.engine.begin() as conn:
+                        runs.check_lock(conn, key, run.holder)
+                        if fmt is OutputFormat.ARROW:
+                            rows, registered = _publish_from_arrow(catalog, conn, request, output, folder, files,
+                                                                   staging.result(fmt).name)
+                        else:
+                            _publish(files, staging.result(fmt).name, output, folder, request.format)
+                        if (request.definition is not None and request.time_start is not None
+                                and request.time_end is not None):
+                            _record_reads(conn, request, files, run_pk)
+                        runs.finish_run(catalog, run_pk, runs.RunStatus.SUCCESS, row_count=rows, conn=conn)
+                        runs.release_lock(catalog, key, run.holder, conn=conn)
+                        kill_point("commit.before_commit")
+                    kill_point("commit.after_commit")
                     files.remove()
-                raise
-            finally:
-                files.close()
-        return CommitOutcome(run_pk, str(request.output), rows, registered)
-    except BaseException as err:
-        fail_run(err, "publishing", catalog, run_pk, key, run, staging)
-    finally:
-        catalog.dispose()
+                except BaseException as err:
+                    # As failure.record_failure would (it keeps the folder only for a retry once the catalog is back),
+                    # but through the held folder: after a swap the staging folder's name leads elsewhere.
+                    if catalog_unavailable(err) is None:
+                        files.remove()
+                    raise
+                finally:
+                    files.close()
+            return CommitOutcome(run_pk, str(request.output), rows, registered)
+        except BaseException as err:
+            fail_run(err, "publishing", catalog, run_pk, key, run, staging)
 
 
 def _record_reads(conn: Any, request: QueryRequest, files: RunFiles, run_pk: int) -> None:

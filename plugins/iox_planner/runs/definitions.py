@@ -37,14 +37,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from iox_planner.catalog.names import check_db_name, name_problem
+from iox_planner import config
+from iox_planner.config import SCHEDULE_PRESETS, schedule_problem
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.scenario import read_yaml
 from iox_planner.output import OutputFormat
-from iox_planner.sparkconf import query_timeout_s
+from iox_planner.spark.budget import query_timeout_s
 from iox_planner.timeutil import parse_time
 
 from iox_planner.runs.request import QueryRequest, RegisterAs, check_args, run_format
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.settings import RunSettings
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 TEMPLATE_FIELDS = frozenset({"start", "end", "name"})
@@ -55,17 +57,10 @@ MAX_DEFINITION_BYTES = 2 * 1024 * 1024
 the DAG files read every definition at every parse."""
 MAX_DEFINITION_DEPTH = 4
 """Nesting of YAML collections in a definition file (it needs 3: the file, `register_as`, its `tags`)."""
-MAX_SPARK_JOBS = 1024
-"""The most Spark jobs one run may fan out into: Airflow maps at most 1,024 task instances by default
-(`[core] max_map_length`), and a plan splits into no more parts than it has overlap groups anyway."""
-MAX_RETRIES = 10
-"""The most retries of a run's Spark tasks: each reruns the whole job; beyond a few, a failure is not transient."""
 KEYS = frozenset({
     "name", "description", "db", "sql", "args", "schedule", "start_date", "end_date", "catchup", "output",
     "format", "register_as", "max_spark_jobs", "retries", "paused", "tags", "timeout_s",
 })
-_PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@weekly": "0 0 * * 0",
-            "@monthly": "0 0 1 * *", "@quarterly": "0 0 1 */3 *", "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *"}
 _SAMPLE = (dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
            dt.datetime(2024, 1, 2, 4, 4, 5, tzinfo=dt.timezone.utc))
 
@@ -98,14 +93,14 @@ class MaterializedQuery:
 
     @property
     def cron(self) -> str:
-        return _PRESETS.get(self.schedule, self.schedule)
+        return SCHEDULE_PRESETS.get(self.schedule, self.schedule)
 
-    def output_path(self, start: dt.datetime, end: dt.datetime, settings: AirflowSettings) -> Path:
+    def output_path(self, start: dt.datetime, end: dt.datetime, settings: RunSettings) -> Path:
         """The output of the interval [start, end)."""
         return settings.resolve_output(self.output.format_map({"start": _utc(start), "end": _utc(end),
                                                                "name": self.name}))
 
-    def output_pattern(self, settings: AirflowSettings) -> Path:
+    def output_pattern(self, settings: RunSettings) -> Path:
         """Every interval's output: the template with its fields as `*` (the Asset's URI)."""
         parts = []
         for literal, name, _, _ in string.Formatter().parse(self.output):
@@ -114,7 +109,7 @@ class MaterializedQuery:
                 parts.append("*")
         return settings.resolve_output("".join(parts))
 
-    def request(self, start: dt.datetime, end: dt.datetime, settings: AirflowSettings) -> QueryRequest:
+    def request(self, start: dt.datetime, end: dt.datetime, settings: RunSettings) -> QueryRequest:
         """What the run of the interval [start, end) computes: the query over exactly that time range."""
         lo, hi = to_ns(start), to_ns(end)
         return QueryRequest(
@@ -213,25 +208,18 @@ def parse_definition(doc: Any, source: str) -> MaterializedQuery:
     return MaterializedQuery(
         name=name, db=db, sql=sql, schedule=schedule, start_date=start_date, end_date=end_date, output=output,
         format=fmt, catchup=catchup, args=dict(args), register_as=_register_as(doc.get("register_as"), fail),
-        max_spark_jobs=_count(doc.get("max_spark_jobs"), "max_spark_jobs", 1, MAX_SPARK_JOBS, fail),
+        max_spark_jobs=_count(doc.get("max_spark_jobs"), "max_spark_jobs", config.MAX_SPARK_JOBS, fail),
         timeout_s=_timeout(doc.get("timeout_s"), fail),
-        retries=_count(doc.get("retries"), "retries", 0, MAX_RETRIES, fail), paused=paused,
+        retries=_count(doc.get("retries"), "retries", config.SPARK_RETRIES, fail), paused=paused,
         description=str(doc.get("description") or ""), tags=_tags(doc.get("tags"), fail), source=source,
     )
 
 
 def _schedule(value: Any, fail: Any) -> str:
-    from croniter import croniter
-
     text = str(value).strip()
-    if text in _PRESETS:
-        return text
-    # Five fields: minute, hour, day of month, month, day of week. croniter also reads a sixth (seconds) and a
-    # seventh (year); a schedule of seconds would start a run every second, so neither is a schedule here.
-    if len(text.split()) != 5 or not croniter.is_valid(text):
-        raise fail("schedule", f"{text[:80]!r} is not a cron expression of five fields (minute hour day month "
-                               "weekday; once a minute at most) or a preset (@hourly, @daily, @weekly, @monthly, "
-                               "@yearly), e.g. '*/15 * * * *'; materialized queries run on a schedule")
+    problem = schedule_problem(text)
+    if problem is not None:
+        raise fail("schedule", f"{problem}; materialized queries run on a schedule")
     return text
 
 
@@ -319,11 +307,14 @@ def _register_as(value: Any, fail: Any) -> RegisterAs | None:
     return RegisterAs(table=table, tags=tuple(tags), db=str(db) if db is not None else None)
 
 
-def _count(value: Any, key: str, low: int, high: int, fail: Any) -> int | None:
+def _count(value: Any, key: str, bounds: config.Whole, fail: Any) -> int | None:
+    """A count field, within the bounds of the variable whose default it overrides (`IOX_MAX_SPARK_JOBS`: Airflow
+    maps at most 1,024 task instances by default; `IOX_SPARK_RETRIES`: each retry reruns the whole job, and beyond
+    a few a failure is not transient)."""
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise fail(key, f"must be a whole number from {low} to {high:,}, not {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not bounds.low <= value <= bounds.high:
+        raise fail(key, f"must be a whole number from {bounds.low} to {bounds.high:,}, not {value!r}")
     return value
 
 

@@ -24,8 +24,7 @@ def fail(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any] | No
     message = "; ".join(errors) if errors else reason
     from iox_planner.catalog.store import open_catalog
 
-    catalog = open_catalog()
-    try:
+    with open_catalog() as catalog:
         if handle is not None:
             record_failure(catalog, int(handle["query_run"]), request.lock_key(), run, staging, message)
             return message
@@ -38,8 +37,6 @@ def fail(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any] | No
         if found is not None and found["status"] == runs.RunStatus.RUNNING.value:
             record_failure(catalog, int(found["id"]), request.lock_key(), run, staging, message)
         staging.remove()
-    finally:
-        catalog.dispose()
     return message
 
 
@@ -48,13 +45,10 @@ def reject(params: Mapping[str, Any], run: RunIdentity, message: str) -> None:
     from iox_planner.catalog import runs
     from iox_planner.catalog.store import open_catalog
 
-    catalog = open_catalog()
-    try:
+    with open_catalog() as catalog:
         run_pk = runs.start_run(catalog, database=str(params.get("db") or ""), params=params, dag_id=run.dag_id,
-                               run_id=run.run_id, output=str(params.get("output") or "") or None)
+                                run_id=run.run_id, output=str(params.get("output") or "") or None)
         runs.finish_run(catalog, run_pk, runs.RunStatus.FAILED, error=message)
-    finally:
-        catalog.dispose()
 
 
 def fail_run(err: BaseException, doing: str, catalog: Any, run_pk: int, key: Any, run: RunIdentity,

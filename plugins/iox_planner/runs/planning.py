@@ -11,27 +11,24 @@ from typing import Any, Callable
 
 from iox_planner.errors import BadInputError
 from iox_planner.output import OutputFormat
-from iox_planner.sparkconf import TIMEOUT_ARG, jobs_dir
+from iox_planner.spark.jobs import JobSpec, MergeJob, PartJob, PlanJob
 
 from iox_planner.runs.failure import fail_run
 from iox_planner.runs.request import QueryRequest
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.settings import RunSettings
 from iox_planner.runs.staging import RunIdentity, Staging, remove_dead_stagings
-
-# Every Spark job lives in spark_jobs/ (beside run_plan.py): the DAGs submit files, they hold no Spark code.
-PARTS_JOB = jobs_dir() / "run_parts.py"
 
 
 @dataclass(frozen=True)
 class PlanOutcome:
-    """What the plan step hands on: Spark jobs to map over, the merge job (None: not fanned out), a summary."""
+    """What the plan step hands on: the Spark jobs (the whole plan, or its parts to map over), the merge job (None:
+    not fanned out), a summary."""
 
     query_run: int
     staging: str
-    jobs: list[dict[str, Any]]
-    merge: list[str] | None
+    jobs: list[JobSpec]
+    merge: MergeJob | None
     summary: dict[str, Any]
-    merge_fast_start: bool = False
 
     def handle(self) -> dict[str, Any]:
         return {"query_run": self.query_run, "staging": self.staging}
@@ -43,7 +40,7 @@ def spark_format(request: QueryRequest) -> OutputFormat:
     return OutputFormat.ARROW if request.register_as is not None else request.format
 
 
-def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings,
+def plan(request: QueryRequest, run: RunIdentity, settings: RunSettings,
          holder_state: Callable[[str, str], str] | None = None) -> PlanOutcome:
     """Record the run, plan against the catalog, take the run lock and write the plan and the Spark jobs' inputs
     into the run's staging folder. Bad input fails here with a clear message: the run is marked failed and
@@ -54,51 +51,49 @@ def plan(request: QueryRequest, run: RunIdentity, settings: AirflowSettings,
     from iox_planner.output.publish import check_destination
     from iox_planner.planner import PlannerSettings, plan_query, serde
 
-    catalog = open_catalog()
-    staging = Staging.for_run(request.output, run)
-    run_pk = runs.start_run(
-        catalog, database=request.db, params=request.as_params(), dag_id=run.dag_id, run_id=run.run_id,
-        definition=request.definition, interval=(request.time_start, request.time_end), output=str(request.output),
-    )
-    key = request.lock_key()
-    try:
-        # Before anything touches the filesystem: the output lies under the output roots (the request may come
-        # from code or a definition, not only from params checked on the way in).
-        request.check_output(settings)
-        if request.definition is not None or settings.root_of(request.output) is not None:
-            # A materialization owns its output tree (interval folders appear), and IOX_OUTPUT_ROOT is ours;
-            # anywhere else the folder must exist, as for `iox-batch query --output`.
-            request.output.parent.mkdir(parents=True, exist_ok=True)
-        check_destination(request.output, folder=request.format.is_folder)
-        check_register_target(catalog, request)
-        source = CatalogSource(catalog, request.db)
-        # A changes read's window is taken before any chunk list (catalog/changes.py).
-        changes = source.change_window(request.changes_since) if request.changes_since is not None else None
-        query_plan = plan_query(request.sql, source, params=dict(request.args),
-                                time_start=request.time_start, time_end=request.time_end,
-                                settings=PlannerSettings.from_env(), changes=changes)
-        runs.acquire_lock(catalog, key, run.holder, query_run=run_pk, ttl_seconds=settings.run_lock_ttl_s,
-                          holder_state=holder_state)
-        remove_dead_stagings(request.output, staging)
-        staging.reset()
-        staging.plan_file.write_text(serde.plan_to_json(query_plan))
-        # What this run read (per table, the order counter of the plan's snapshot): the commit records it with the
-        # interval, so `materialized status` can tell later whether data arrived that this run did not see.
-        staging.reads.write_text(json.dumps([dataclasses.asdict(r) for r in source.reads()]))
-        runs.record_plan(catalog, run_pk, serde.plan_to_dict(query_plan))
-        jobs, merge = _spark_jobs(query_plan, request, staging, settings)
-        summary = plan_summary(query_plan)
-        summary["spark_jobs"] = len(jobs) + (1 if merge else 0)
-        if changes is not None:
-            # The watermark the next changes read passes: in the task's result and on the run's record.
-            summary["changes_watermark"] = changes.watermark
-            runs.record_changes_watermark(catalog, run_pk, changes.watermark)
-        return PlanOutcome(run_pk, str(staging.root), jobs, merge, summary,
-                           merge_fast_start=summary["rows_estimated"] <= settings.spark_fast_start_rows)
-    except BaseException as err:
-        fail_run(err, "planning", catalog, run_pk, key, run, staging)
-    finally:
-        catalog.dispose()
+    with open_catalog() as catalog:
+        staging = Staging.for_run(request.output, run)
+        run_pk = runs.start_run(
+            catalog, database=request.db, params=request.as_params(), dag_id=run.dag_id, run_id=run.run_id,
+            definition=request.definition, interval=(request.time_start, request.time_end),
+            output=str(request.output),
+        )
+        key = request.lock_key()
+        try:
+            # Before anything touches the filesystem: the output lies under the output roots (the request may
+            # come from code or a definition, not only from params checked on the way in).
+            request.check_output(settings)
+            if request.definition is not None or settings.root_of(request.output) is not None:
+                # A materialization owns its output tree (interval folders appear), and IOX_OUTPUT_ROOT is ours;
+                # anywhere else the folder must exist, as for `iox-batch query --output`.
+                request.output.parent.mkdir(parents=True, exist_ok=True)
+            check_destination(request.output, folder=request.format.is_folder)
+            check_register_target(catalog, request)
+            source = CatalogSource(catalog, request.db)
+            # A changes read's window is taken before any chunk list (catalog/changes.py).
+            changes = source.change_window(request.changes_since) if request.changes_since is not None else None
+            query_plan = plan_query(request.sql, source, params=dict(request.args),
+                                    time_start=request.time_start, time_end=request.time_end,
+                                    settings=PlannerSettings.from_env(), changes=changes)
+            runs.acquire_lock(catalog, key, run.holder, query_run=run_pk, ttl_seconds=settings.run_lock_ttl_s,
+                              holder_state=holder_state)
+            remove_dead_stagings(request.output, staging)
+            staging.reset()
+            staging.plan_file.write_text(serde.plan_to_json(query_plan))
+            # What this run read (per table, the order counter of the plan's snapshot): the commit records it with
+            # the interval, so `materialized status` can tell later whether data arrived that this run did not see.
+            staging.reads.write_text(json.dumps([dataclasses.asdict(r) for r in source.reads()]))
+            runs.record_plan(catalog, run_pk, serde.plan_to_dict(query_plan))
+            jobs, merge = _spark_jobs(query_plan, request, staging, settings)
+            summary = plan_summary(query_plan)
+            summary["spark_jobs"] = len(jobs) + (1 if merge else 0)
+            if changes is not None:
+                # The watermark the next changes read passes: in the task's result and on the run's record.
+                summary["changes_watermark"] = changes.watermark
+                runs.record_changes_watermark(catalog, run_pk, changes.watermark)
+            return PlanOutcome(run_pk, str(staging.root), jobs, merge, summary)
+        except BaseException as err:
+            fail_run(err, "planning", catalog, run_pk, key, run, staging)
 
 
 def check_register_target(catalog: Any, request: QueryRequest) -> None:
@@ -130,38 +125,27 @@ def check_register_target(catalog: Any, request: QueryRequest) -> None:
 
 
 def _spark_jobs(query_plan: Any, request: QueryRequest, staging: Staging,
-                settings: AirflowSettings) -> tuple[list[dict[str, Any]], list[str] | None]:
-    from iox_planner.config import warehouse
+                settings: RunSettings) -> tuple[list[JobSpec], MergeJob | None]:
     from iox_planner.planner import serde
     from iox_planner.planner.fanout import split_plan
 
     fmt = spark_format(request)
-    wh = str(warehouse())
-    result = str(staging.result(fmt))
+    result = staging.result(fmt)
     # Every job of the run carries the run's budget: the job cancels itself at it, and whoever runs the job
     # (IoxSparkSubmitOperator, `materialized refresh`) stops its process group if it outlives it.
-    budget = [TIMEOUT_ARG, str(request.budget_s())]
+    budget = request.budget_s()
     parts = split_plan(query_plan, request.max_spark_jobs or settings.max_spark_jobs)
     if not parts:
-        return [{
-            "application": str(jobs_dir() / "run_plan.py"),
-            "application_args": ["--plan", str(staging.plan_file), "--warehouse", wh, "--format", fmt.value,
-                                 "--output", result, "--metrics", str(staging.metrics), *budget],
-            "fast_start": _rows(query_plan) <= settings.spark_fast_start_rows,
-        }], None
+        return [PlanJob(staging.plan_file, result, fmt, budget, report=staging.metrics,
+                        fast_start=_rows(query_plan) <= settings.spark_fast_start_rows)], None
     staging.parts.mkdir()
-    jobs = []
+    jobs: list[JobSpec] = []
     for k, part in enumerate(parts):
         staging.part_plan(k).write_text(serde.plan_to_json(part))
-        jobs.append({
-            "application": str(PARTS_JOB),
-            "application_args": ["part", "--plan", str(staging.part_plan(k)), "--warehouse", wh,
-                                 "--output", str(staging.parts / str(k)), "--metrics", str(staging.part_metrics(k)),
-                                 *budget],
-            "fast_start": _rows(part) <= settings.spark_fast_start_rows,
-        })
-    merge = ["merge", "--plan", str(staging.plan_file), "--warehouse", wh, "--parts", str(staging.parts),
-             "--format", fmt.value, "--output", result, "--metrics", str(staging.metrics), *budget]
+        jobs.append(PartJob(staging.part_plan(k), staging.parts / str(k), budget, report=staging.part_metrics(k),
+                            fast_start=_rows(part) <= settings.spark_fast_start_rows))
+    merge = MergeJob(staging.plan_file, staging.parts, result, fmt, budget, report=staging.metrics,
+                     fast_start=_rows(query_plan) <= settings.spark_fast_start_rows)
     return jobs, merge
 
 

@@ -8,8 +8,8 @@ the `iox_refresh` DAG share. No Airflow import: plain functions of definitions a
   first; definitions in one level are independent.
 - `refresh_interval`: one interval through the same plan and commit steps as a materialize run (planning.py,
   commit.py): run lock, atomic publication, `register_as` replacing the interval, and what it read recorded in the
-  publishing transaction. A failure publishes nothing, so the old output and its stale mark stay. Its Spark work
-  runs through the callable the caller passes (`RunSpark`): this module starts no Spark itself.
+  publishing transaction. A failure publishes nothing, so the old output and its stale mark stay. Its Spark jobs
+  run through the launcher the caller passes (`iox_planner/spark/launch.py`): this module starts no Spark itself.
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from iox_planner.errors import BadInputError, IoxError, RunFailed
 from iox_planner.timeutil import format_time
 
+from iox_planner.spark.launch import Launcher
+
 from iox_planner.runs.definitions import MaterializedQuery, to_ns
-from iox_planner.runs.planning import PARTS_JOB, PlanOutcome
-from iox_planner.runs.request import QueryRequest
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.planning import PlanOutcome
+from iox_planner.runs.settings import RunSettings
 from iox_planner.runs.staging import RunIdentity
 
 MAX_SCHEDULED = 1_000_000  # intervals one status walks through, at most (a minutely schedule over two years)
@@ -209,19 +209,13 @@ class RefreshResult:
     registered: dict[str, Any] | None = field(default=None)
 
 
-RunSpark = Callable[[PlanOutcome, QueryRequest], int]
-"""How a refresh runs a planned interval's Spark work: into the run's staging folder, the result and then
-`metrics.json` (as run_plan.py leaves them), returning how many Spark jobs it ran; a failure raises. The caller
-chooses: `iox_refresh` passes `submit_jobs`, `iox-batch materialized refresh` the runner IOX_RUNNER names
-(cli/runner.py `staged_runner`: in its own process by default)."""
-
-
 def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: RunIdentity,
-                     settings: AirflowSettings, *, run_spark: RunSpark,
+                     settings: RunSettings, *, launcher: Launcher,
                      holder_state: Callable[[str, str], str] | None = None) -> RefreshResult:
-    """Recompute [start, end) of `definition` and publish it like a materialize run would, its Spark work run by
-    `run_spark`. Returns what happened; a failure has been recorded (run failed, nothing published) and is in the
-    result. `holder_state`: as for `planning.plan` (in a task: `ti.get_dagrun_state`)."""
+    """Recompute [start, end) of `definition` and publish it like a materialize run would, its Spark jobs run by
+    `launcher` (`iox_refresh`: spark-submit; `iox-batch materialized refresh`: the one IOX_RUNNER names). Returns
+    what happened; a failure has been recorded (run failed, nothing published) and is in the result.
+    `holder_state`: as for `planning.plan` (in a task: `ti.get_dagrun_state`)."""
     from iox_planner.runs.commit import commit
     from iox_planner.runs.failure import fail
     from iox_planner.runs.planning import plan
@@ -232,7 +226,7 @@ def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: R
     except RunFailed as err:
         return RefreshResult(definition.name, start, end, False, error=str(err))
     try:
-        jobs = run_spark(outcome, request)
+        jobs = run_jobs(outcome, launcher)
     except BaseException as err:
         # Whatever stopped the job: the run is recorded failed, its lock released, its staging removed.
         reason = str(err) if isinstance(err, IoxError) else f"internal error while running Spark: {err!r}"
@@ -247,17 +241,15 @@ def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: R
     return RefreshResult(definition.name, start, end, True, done.rows, jobs, registered=done.registered)
 
 
-def submit_jobs(outcome: PlanOutcome, request: QueryRequest) -> int:
-    """A planned run's Spark jobs through spark-submit, one after the other, then its merge (when fanned out): what
-    the DAG's run and merge tasks would do, in this process's task. Each job carries the run's budget."""
-    jobs = 0
+def run_jobs(outcome: PlanOutcome, launcher: Launcher) -> int:
+    """A planned run's Spark jobs one after the other, then its merge (when fanned out), through `launcher`: what
+    the DAG's run and merge tasks do, in this process's task. Each job carries the run's budget and leaves its
+    report in the run's staging folder for the commit step. Returns how many jobs ran."""
     for job in outcome.jobs:
-        _spark_submit(Path(job["application"]).name, job["application_args"], bool(job.get("fast_start")))
-        jobs += 1
-    if outcome.merge:
-        _spark_submit(PARTS_JOB.name, outcome.merge, outcome.merge_fast_start)
-        jobs += 1
-    return jobs
+        launcher.run(job)
+    if outcome.merge is not None:
+        launcher.run(outcome.merge)
+    return len(outcome.jobs) + (outcome.merge is not None)
 
 
 def _dt(ns: int) -> dt.datetime:
@@ -265,12 +257,6 @@ def _dt(ns: int) -> dt.datetime:
     if rest:
         raise BadInputError(f"interval bound {ns} is not a whole second")
     return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
-
-
-def _spark_submit(job: str, args: Sequence[str], fast_start: bool) -> None:
-    from iox_planner.sparkconf import run_submit, spark_submit_command
-
-    run_submit(spark_submit_command(job, list(args), fast_start=fast_start), f"spark-submit {job}")
 
 
 def describe(result: RefreshResult, done: str = "refreshed") -> str:

@@ -13,10 +13,10 @@ from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
 from iox_planner.model import RunKey
 from iox_planner.output import RUN_FORMATS, OutputFormat
-from iox_planner.sparkconf import query_timeout_s
+from iox_planner.spark.budget import query_timeout_s
 from iox_planner.timeutil import INT64_MAX, INT64_MIN, check_range, format_time, parse_time
 
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.settings import RunSettings
 
 PARAM_NAMES = ("db", "sql", "args", "time_start", "time_end", "output", "format", "timeout_s", "changes_since")
 
@@ -95,7 +95,7 @@ class QueryRequest:
             raise BadInputError("changes_since is for triggered queries; a materialized interval is computed whole")
 
     @staticmethod
-    def from_params(params: Mapping[str, Any], settings: AirflowSettings) -> QueryRequest:
+    def from_params(params: Mapping[str, Any], settings: RunSettings) -> QueryRequest:
         """`iox_query`'s params (already checked against their JSON schema by Airflow; checked again here, since
         a request can also come from code)."""
         unknown = sorted(set(params) - set(PARAM_NAMES))
@@ -129,7 +129,7 @@ class QueryRequest:
         request.check_output(settings)
         return request
 
-    def check_output(self, settings: AirflowSettings) -> Path:
+    def check_output(self, settings: RunSettings) -> Path:
         """An Airflow run writes only under the output roots (resolved: symlinks and `..` cannot lead out), with
         names from `OUTPUT_NAME` and the format's suffix. Returns the resolved output."""
         resolved = self.output.resolve()

@@ -1,50 +1,47 @@
-"""Settings of the Airflow layer, from `IOX_*` environment variables, validated once into a frozen dataclass.
-
-| variable | default | what |
-|---|---|---|
-| `IOX_MAX_SPARK_JOBS` | 1 | fan-out: the plan task may split deduplicated scans into at most this many Spark jobs |
-| `IOX_SPARK_RETRIES` | 1 | retries of a failed Spark task (each retry reruns cleanly) |
-| `IOX_SPARK_RETRY_DELAY_S` | 30 | seconds between them |
-| `IOX_SPARK_FAST_START_ROWS` | 1000000 | Spark jobs over at most this many rows start for latency (0: never) |
-| `IOX_RUN_LOCK_TTL_S` | 21600 | a run lock whose holder died is taken over after this long (immediately when its Airflow DAG run has ended: catalog/runs.py) |
-| `IOX_PERSIST_CHUNK_THRESHOLD` | 10 | the maintenance DAG persists partitions with at least this many ingester chunks |
-| `IOX_PERSIST_SCHEDULE` | `*/30 * * * *` | when it looks |
-| `IOX_PERSIST_DATABASES` | (all) | comma-separated databases it looks at |
-| `IOX_COMPACT_SCHEDULE` | `@hourly` | when `iox_compact` looks for compaction work |
-| `IOX_COMPACT_DATABASES` | (all) | comma-separated databases it compacts |
-| `IOX_REFRESH_SCHEDULE` | `*/15 * * * *` | when `iox_refresh` looks for stale materialized intervals |
-| `IOX_REFRESH_CONCURRENCY` | 2 | how many stale intervals `iox_refresh` recomputes at once |
-| `IOX_OUTPUT_ROOT` | `<project>/output` | where relative output paths (params, definitions) resolve |
-| `IOX_OUTPUT_ROOTS` | `IOX_OUTPUT_ROOT` | every folder runs may write under (`os.pathsep`-separated; the first is where relative paths go) |
-| `IOX_MATERIALIZED_DIR` | `dags/materialized` | the folder of materialized query definitions (`*.yaml`) |
-| `IOX_BULK_LOAD_ROOT` | `<project>/bulk` | the only folder whose files and subfolders `iox_bulk_load` may load |
-"""
+"""The run domain's settings (fan-out, Spark task retries, run locks, the maintenance DAGs' schedules, the output
+roots, the definitions' folder, the bulk-load root), read through the settings registry (config.py declares each
+variable's default and bounds) into one frozen dataclass."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from iox_planner import config
+from iox_planner.catalog.names import check_db_name
 from iox_planner.config import project_root
 from iox_planner.errors import BadInputError
 
+_NUMBERS: Mapping[str, config.Whole] = {
+    "max_spark_jobs": config.MAX_SPARK_JOBS, "spark_retries": config.SPARK_RETRIES,
+    "spark_retry_delay_s": config.SPARK_RETRY_DELAY_S, "spark_fast_start_rows": config.SPARK_FAST_START_ROWS,
+    "run_lock_ttl_s": config.RUN_LOCK_TTL_S, "persist_chunk_threshold": config.PERSIST_CHUNK_THRESHOLD,
+    "refresh_concurrency": config.REFRESH_CONCURRENCY,
+}
+_SCHEDULES: Mapping[str, config.Schedule] = {
+    "persist_schedule": config.PERSIST_SCHEDULE, "compact_schedule": config.COMPACT_SCHEDULE,
+    "refresh_schedule": config.REFRESH_SCHEDULE,
+}
+_DATABASES: Mapping[str, config.Listed] = {
+    "persist_databases": config.PERSIST_DATABASES, "compact_databases": config.COMPACT_DATABASES,
+}
+
 
 @dataclass(frozen=True)
-class AirflowSettings:
-    max_spark_jobs: int = 1
-    spark_retries: int = 1
-    spark_retry_delay_s: int = 30
-    spark_fast_start_rows: int = 1_000_000
-    run_lock_ttl_s: int = 6 * 3600
-    persist_chunk_threshold: int = 10
-    persist_schedule: str = "*/30 * * * *"
+class RunSettings:
+    max_spark_jobs: int = config.MAX_SPARK_JOBS.default
+    spark_retries: int = config.SPARK_RETRIES.default
+    spark_retry_delay_s: int = config.SPARK_RETRY_DELAY_S.default
+    spark_fast_start_rows: int = config.SPARK_FAST_START_ROWS.default
+    run_lock_ttl_s: int = config.RUN_LOCK_TTL_S.default
+    persist_chunk_threshold: int = config.PERSIST_CHUNK_THRESHOLD.default
+    persist_schedule: str = config.PERSIST_SCHEDULE.default
     persist_databases: tuple[str, ...] = ()
-    compact_schedule: str = "@hourly"
+    compact_schedule: str = config.COMPACT_SCHEDULE.default
     compact_databases: tuple[str, ...] = ()
-    refresh_schedule: str = "*/15 * * * *"
-    refresh_concurrency: int = 2
+    refresh_schedule: str = config.REFRESH_SCHEDULE.default
+    refresh_concurrency: int = config.REFRESH_CONCURRENCY.default
     output_root: Path = Path("output")
     materialized_dir: Path = Path("dags/materialized")
     output_roots: tuple[Path, ...] = ()
@@ -64,49 +61,38 @@ class AirflowSettings:
             raise BadInputError(f"IOX_BULK_LOAD_ROOT {bulk} is a filesystem root; give a folder that holds only "
                                 "what triggered bulk loads may read")
         object.__setattr__(self, "bulk_load_root", bulk)
-        minimum = {"max_spark_jobs": 1, "spark_retries": 0, "spark_retry_delay_s": 0, "spark_fast_start_rows": 0,
-                   "run_lock_ttl_s": 1, "persist_chunk_threshold": 1, "refresh_concurrency": 1}
-        for name, low in minimum.items():
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise BadInputError(f"IOX_{name.upper()} must be a whole number of at least {low}, got {value!r}")
-        for name, example in (("persist_schedule", "*/30 * * * *"), ("compact_schedule", "@hourly"),
-                              ("refresh_schedule", "*/15 * * * *")):
-            if not getattr(self, name).strip():
-                raise BadInputError(f"IOX_{name.upper()} must be a cron expression or preset such as {example!r}")
+        # Values given in code (tests, a DAG file) meet the same bounds as the environment's.
+        for name, number in _NUMBERS.items():
+            number.check(getattr(self, name))
+        for name, schedule in _SCHEDULES.items():
+            schedule.parse(str(getattr(self, name)))
+        for name, listed in _DATABASES.items():
+            for db in getattr(self, name):
+                try:
+                    check_db_name(db)
+                except BadInputError as err:
+                    raise BadInputError(f"{listed.name} names {db[:80]!r}, which is not a database name: "
+                                        f"{err}") from None
 
     @staticmethod
-    def from_env(environ: Mapping[str, str] | None = None) -> AirflowSettings:
-        env = os.environ if environ is None else environ
+    def from_env(environ: Mapping[str, str] | None = None) -> RunSettings:
         root = project_root()
+        output_root = _path(config.OUTPUT_ROOT.read(environ), root / "output", root)
         values: dict[str, object] = {
-            "output_root": _path(env.get("IOX_OUTPUT_ROOT"), root / "output", root),
-            "materialized_dir": _path(env.get("IOX_MATERIALIZED_DIR"), root / "dags" / "materialized", root),
-            "bulk_load_root": _path(env.get("IOX_BULK_LOAD_ROOT"), root / "bulk", root),
+            "output_root": output_root,
+            "materialized_dir": _path(config.MATERIALIZED_DIR.read(environ), root / "dags" / "materialized", root),
+            "bulk_load_root": _path(config.BULK_LOAD_ROOT.read(environ), root / "bulk", root),
+            **{name: number.read(environ) for name, number in _NUMBERS.items()},
+            **{name: schedule.read(environ) for name, schedule in _SCHEDULES.items()},
+            **{name: listed.read(environ) for name, listed in _DATABASES.items()},
         }
-        listed = [_path(p.strip(), root, root) for p in (env.get("IOX_OUTPUT_ROOTS") or "").split(os.pathsep)
-                  if p.strip()]
+        listed = [_path(Path(p).expanduser(), root, root) for p in config.OUTPUT_ROOTS.read(environ)]
         if listed:
             # The first listed root is where relative paths go, unless IOX_OUTPUT_ROOT names one explicitly.
-            if not env.get("IOX_OUTPUT_ROOT"):
+            if config.OUTPUT_ROOT.read(environ) is None:
                 values["output_root"] = listed[0]
             values["output_roots"] = tuple(dict.fromkeys([values["output_root"], *listed]))
-        for f in fields(AirflowSettings):
-            var = f"IOX_{f.name.upper()}"
-            if f.name in values or var not in env or f.name == "output_roots":
-                continue
-            text = env[var].strip()
-            if f.name in ("persist_schedule", "compact_schedule", "refresh_schedule"):
-                values[f.name] = text
-                continue
-            if f.name in ("persist_databases", "compact_databases"):
-                values[f.name] = tuple(name.strip() for name in text.split(",") if name.strip())
-                continue
-            try:
-                values[f.name] = int(text)
-            except ValueError:
-                raise BadInputError(f"{var}={text!r} is not a whole number") from None
-        return AirflowSettings(**values)  # type: ignore[arg-type]
+        return RunSettings(**values)  # type: ignore[arg-type]
 
     def resolve_output(self, path: str | Path) -> Path:
         """An output path as given (params, definitions): absolute as is, relative under `output_root`; resolved
@@ -122,8 +108,8 @@ class AirflowSettings:
         return next((r for r in self.output_roots if path != r and path.is_relative_to(r)), None)
 
 
-def _path(value: str | None, default: Path, root: Path) -> Path:
-    if not value:
+def _path(value: Path | None, default: Path, root: Path) -> Path:
+    """A configured folder: unset, `default`; relative, under the project `root`; resolved."""
+    if value is None:
         return default.resolve()
-    p = Path(value).expanduser()
-    return (p if p.is_absolute() else root / p).resolve()
+    return (value if value.is_absolute() else root / value).resolve()

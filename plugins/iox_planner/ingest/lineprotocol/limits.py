@@ -3,26 +3,21 @@ excerpt of the input that a message quotes (`quote`)."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Mapping
 
-from iox_planner.catalog.names import MAX_NAME_BYTES
-from iox_planner.errors import BadInputError
+from iox_planner import config
 
-
-# Each limit is an environment variable, so an operator with unusual data can raise it without a code change.
-_LIMIT_VARS = {
-    "max_line_bytes": "IOX_LP_MAX_LINE_BYTES",
-    "max_columns": "IOX_LP_MAX_COLUMNS",
-    "max_name_bytes": "IOX_LP_MAX_NAME_BYTES",
-    "max_bad_lines": "IOX_LP_MAX_BAD_LINES",
-    "errors_shown": "IOX_LP_ERRORS_SHOWN",
-    "excerpt_bytes": "IOX_LP_EXCERPT_BYTES",
+# Each limit is an environment variable, so an operator with unusual data can raise it without a code change; its
+# bounds are the registry's (a name's: the catalog's index bound, catalog/names.py MAX_NAME_BYTES).
+_VARIABLES: Mapping[str, config.Whole] = {
+    "max_line_bytes": config.LP_MAX_LINE_BYTES,
+    "max_columns": config.LP_MAX_COLUMNS,
+    "max_name_bytes": config.LP_MAX_NAME_BYTES,
+    "max_bad_lines": config.LP_MAX_BAD_LINES,
+    "errors_shown": config.LP_ERRORS_SHOWN,
+    "excerpt_bytes": config.LP_EXCERPT_BYTES,
 }
-# The most a limit may be raised to, where less than 2^31: a longer name than the catalog can index would fail the
-# write at its commit, as a catalog error.
-_LIMIT_MAX = {"max_name_bytes": MAX_NAME_BYTES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,29 +30,17 @@ class Limits:
     in an error message (then "and K more"). `excerpt_bytes`: the most of the input one message quotes.
     """
 
-    max_line_bytes: int = 1_048_576
-    max_columns: int = 1_000
-    max_name_bytes: int = 256
-    max_bad_lines: int = 1_000
-    errors_shown: int = 5
-    excerpt_bytes: int = 64
+    max_line_bytes: int = config.LP_MAX_LINE_BYTES.default
+    max_columns: int = config.LP_MAX_COLUMNS.default
+    max_name_bytes: int = config.LP_MAX_NAME_BYTES.default
+    max_bad_lines: int = config.LP_MAX_BAD_LINES.default
+    errors_shown: int = config.LP_ERRORS_SHOWN.default
+    excerpt_bytes: int = config.LP_EXCERPT_BYTES.default
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Limits:
-        """The defaults, overridden by `IOX_LP_MAX_LINE_BYTES`, `IOX_LP_MAX_COLUMNS`, `IOX_LP_MAX_NAME_BYTES`,
-        `IOX_LP_MAX_BAD_LINES`, `IOX_LP_ERRORS_SHOWN` and `IOX_LP_EXCERPT_BYTES`."""
-        source = os.environ if env is None else env
-        values: dict[str, int] = {}
-        for name, var in _LIMIT_VARS.items():
-            text = source.get(var)
-            if text is None or text == "":
-                continue
-            top = _LIMIT_MAX.get(name, 2**31)
-            if not (text.isascii() and text.isdigit() and len(text) <= 10) or not 1 <= int(text) <= top:
-                raise BadInputError(f"{var}={quote(text, 32)} is not allowed: it must be a whole number from 1 to "
-                                    f"{top}; unset it to use the default ({getattr(cls(), name)})")
-            values[name] = int(text)
-        return cls(**values)
+        """The defaults, overridden by the `IOX_LP_*` variables (`_VARIABLES`)."""
+        return cls(**{f.name: _VARIABLES[f.name].read(env) for f in fields(cls)})
 
 
 def quote(text: str, limit: int) -> str:

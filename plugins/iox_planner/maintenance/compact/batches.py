@@ -1,36 +1,46 @@
 """A compaction run cut into batches (the `iox_compact` DAG's): the partitions that need work split into at most
-a given number of spark-submit batches of about equal rows, or one in-process batch of promotions when none
-needs a rewrite; one batch run (`compact_batch`, shared by `spark_jobs/run_compact.py` and the promotions-only
-batch) with its report written aside and renamed; and the batches' reports summed."""
+a given number of Spark batches of about equal rows, or one in-process batch of promotions when none needs a
+rewrite; one batch run (`compact_batch`, the body of the compaction job `spark_jobs/compact_job.py` and of the
+promotions-only batch); and the batches' reports summed. Each batch's report lies at its `Batch.report`."""
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any, Callable, Sequence
 
-from iox_planner.catalog.names import check_db_name
-from iox_planner.catalog.store import Catalog
+from iox_planner import storage
+from iox_planner.catalog.store import open_catalog
 from iox_planner.config import state_dir
-from iox_planner.errors import BadInputError, InternalError, IoxError
+from iox_planner.errors import InternalError, IoxError
 from iox_planner.maintenance.compact.plan import PartitionPlan, dry_run
 from iox_planner.maintenance.compact.report import Report, describe_plan, outcome_note, report_dict
 from iox_planner.maintenance.compact.run import compact
 from iox_planner.maintenance.compact.slices import SliceResult, SliceRunner, SliceTask
 
+Target = tuple[str, tuple[int, ...]]
+"""A database and the ids of its partitions a batch compacts."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch: where its report goes, and what it compacts."""
+
+    report: Path
+    targets: tuple[Target, ...]
+
 
 @dataclass(frozen=True)
 class Batches:
-    """What the DAG's `find_work` task hands on: the spark-submit argument lists, and the argument list of the
-    in-process batch of promotions (the same form; empty when there is none)."""
+    """What the DAG's `find_work` task hands on: the batches to run on Spark, or the one in-process batch of
+    promotions (None when there is none)."""
 
-    spark: list[list[str]]
-    promote: list[str]
+    spark: list[Batch]
+    promote: Batch | None
 
 
 def report_folder(run_id: str) -> Path:
@@ -39,15 +49,12 @@ def report_folder(run_id: str) -> Path:
 
 
 def plan_batches(databases: Sequence[str], max_jobs: int, folder: Path) -> Batches:
-    """One spark-submit argument list per batch: `--metrics <report> --target DB=PID,PID ...`, each batch's report
-    in `folder`. Partitions of `databases` (none: every database) go to the batch with the fewest rows so far,
-    largest first, so batches take about equal time; at most `max_jobs` batches. When no partition needs a
-    rewrite, the one batch is `promote` instead: promotions are catalog updates, and a spark-submit (a JVM start,
-    ten seconds or more) would start no Spark job anyway."""
-    catalog = Catalog()
+    """The batches of a run, each batch's report in `folder`. Partitions of `databases` (none: every database) go
+    to the batch with the fewest rows so far, largest first, so batches take about equal time; at most `max_jobs`
+    batches. When no partition needs a rewrite, the one batch is `promote` instead: promotions are catalog
+    updates, and a spark-submit (a JVM start, ten seconds or more) would start no Spark job anyway."""
     work: list[tuple[int, str, int]] = []
-    try:
-        catalog.require_schema()
+    with open_catalog() as catalog:
         with catalog.engine.connect() as conn:
             names = list(databases) or catalog.database_names(conn)
         for db in names:
@@ -55,11 +62,9 @@ def plan_batches(databases: Sequence[str], max_jobs: int, folder: Path) -> Batch
                 print(f"{db}: " + "\n".join(describe_plan(item)))
                 if isinstance(item, PartitionPlan):  # promotions only: a batch member costing no Spark task
                     work.append((item.rows_in, db, item.partition_id))
-    finally:
-        catalog.dispose()
     if not work:
         print("nothing to compact")
-        return Batches([], [])
+        return Batches([], None)
     # Partitions needing promotions only (no rows to rewrite) cost a batch no Spark task: they ride along with the
     # others and make no extra spark-submit of their own.
     count = min(max_jobs, max(1, sum(1 for rows, _, _ in work if rows > 0)))
@@ -70,72 +75,47 @@ def plan_batches(databases: Sequence[str], max_jobs: int, folder: Path) -> Batch
         loads[i] += rows
         members[i].setdefault(db, []).append(pid)
     folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for i, group in enumerate(members):
-        args = ["--metrics", str(folder / f"batch-{i}.json")]
-        for db, pids in sorted(group.items()):
-            args += ["--target", f"{db}={','.join(str(p) for p in sorted(pids))}"]
-        out.append(args)
+    out = [Batch(folder / f"batch-{i}.json", tuple((db, tuple(sorted(pids))) for db, pids in sorted(group.items())))
+           for i, group in enumerate(members)]
     if not any(rows > 0 for rows, _, _ in work):
         print(f"{len(work)} partition(s) to compact, promotions only: no Spark job")
         return Batches([], out[0])
     print(f"{len(work)} partition(s) to compact in {count} Spark job(s)")
-    return Batches(out, [])
+    return Batches(out, None)
 
 
-def parse_target(text: str) -> tuple[str, list[int]]:
-    """A batch's `--target DB=PARTITION_ID[,PARTITION_ID...]`."""
-    db, sep, ids = text.partition("=")
-    check_db_name(db)
-    try:
-        pids = [int(p) for p in ids.split(",") if p.strip()]
-    except ValueError:
-        pids = []
-    if not sep or not pids or any(p < 1 for p in pids):
-        raise BadInputError(f"--target {text[:80]!r} is not DB=PARTITION_ID[,PARTITION_ID...]")
-    return db, pids
-
-
-def compact_batch(targets: Sequence[tuple[str, list[int] | None]], metrics: Path, run_slices: SliceRunner, *,
+def compact_batch(targets: Sequence[tuple[str, Sequence[int] | None]], run_slices: SliceRunner, *,
                   table: str | None = None, partition: str | None = None, rewrites: bool = True,
-                  log: IO[str] | None = None) -> dict[str, Any]:
-    """One batch: compact each target database's partitions (`run.compact`, with `run_slices` for the rewrites;
-    `rewrites=False`: promotions only) and write the batch's report to `metrics`, aside and renamed. Progress
-    lines go to `log` (default: standard error). Shared by `spark_jobs/run_compact.py` and `promote_batch`."""
-    # A report left by an earlier try of this batch (a cleared task) must not stand for this one if it fails.
-    metrics.unlink(missing_ok=True)
-    out = log or sys.stderr
-    catalog = Catalog()
+                  progress: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+    """One batch: compact each target database's partitions (None: whatever of it needs compaction; `run.compact`,
+    with `run_slices` for the rewrites; `rewrites=False`: promotions only). Returns the batch's report
+    (`report_dict`). Progress lines go to `progress(db, line)` (default: standard error, each after its
+    database)."""
+    say = progress or (lambda db, line: _say(sys.stderr, db, line))
     total = Report()
-    try:
-        catalog.require_schema()
+    with open_catalog() as catalog:
         for db, pids in targets:
-            report = compact(catalog, db, run_slices, only=pids, table=table, partition=partition,
-                             rewrites=rewrites, progress=functools.partial(_say, out, db))
+            report = compact(catalog, db, run_slices, only=None if pids is None else list(pids), table=table,
+                             partition=partition, rewrites=rewrites, progress=functools.partial(say, db))
             total.outcomes.extend(report.outcomes)
-    finally:
-        catalog.dispose()
-    data = report_dict(total)
-    tmp = metrics.with_name(f".{metrics.name}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, metrics)
-    return data
+    return report_dict(total)
 
 
 def _say(out: IO[str], db: str, line: str) -> None:
     print(f"{db}: {line}", file=out, flush=True)
 
 
-def promote_batch(args: list[str]) -> dict[str, Any]:
+def promote_batch(batch: Batch) -> dict[str, Any]:
     """Run a promotions-only batch in this process (`plan_batches`' `promote`): each partition's promotions as
     `iox-batch compact` makes them (its compaction lock, one catalog transaction), the report written where a
-    spark-submit batch writes its own (the same `compact_batch`). A partition that needs a rewrite by now (a
-    persist since `plan_batches`) promotes what it can and its rewrite waits for the next run: this starts no
-    Spark job."""
-    targets: list[tuple[str, list[int] | None]] = [
-        parse_target(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "--target"]
-    return compact_batch(targets, Path(args[args.index("--metrics") + 1]), _no_spark, rewrites=False,
-                         log=sys.stdout)
+    Spark batch writes its own. A partition that needs a rewrite by now (a persist since `plan_batches`) promotes
+    what it can and its rewrite waits for the next run: this starts no Spark job."""
+    # A report left by an earlier try of this batch (a cleared task) must not stand for this one if it fails.
+    batch.report.unlink(missing_ok=True)
+    data = compact_batch(batch.targets, _no_spark, rewrites=False,
+                         progress=lambda db, line: _say(sys.stdout, db, line))
+    storage.write_json_atomic(data, batch.report)
+    return data
 
 
 def _no_spark(tasks: Sequence[SliceTask], root: Path) -> Sequence[SliceResult]:
@@ -144,15 +124,15 @@ def _no_spark(tasks: Sequence[SliceTask], root: Path) -> Sequence[SliceResult]:
     return []
 
 
-def sum_reports(batches: list[list[str]], promote: list[str] | None = None) -> dict[str, Any]:
-    """The run's report: the batches' totals (and the promotions-only batch's) summed and printed. A batch without
-    a report failed: the run fails after reporting the others (their swaps are done and stay)."""
+def sum_reports(reports: Sequence[Path]) -> dict[str, Any]:
+    """The run's report: the batches' totals (every batch's report, the promotions-only batch's included) summed
+    and printed. A batch without a report failed: the run fails after reporting the others (their swaps are done
+    and stay)."""
     keys = ("partitions", "skipped", "files_in", "files_out", "rows_in", "rows_out", "duplicates_removed",
             "files_promoted", "rows_promoted")
     total = dict.fromkeys(keys, 0)
     failed = []
-    for args in [*batches, *([promote] if promote else [])]:
-        path = Path(args[args.index("--metrics") + 1])
+    for path in reports:
         if not path.is_file():
             failed.append(path.stem)
             continue

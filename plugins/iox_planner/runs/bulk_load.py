@@ -1,6 +1,6 @@
-"""`iox_bulk_load`'s run plumbing: a run's params checked into the load job's arguments (a triggered folder is
-hostile input, so it must resolve inside IOX_BULK_LOAD_ROOT before anything reads it: `ingest/bulk.py`
-`resolve_source`), and where the job leaves its report for the summary."""
+"""`iox_bulk_load`'s run plumbing: a run's params checked into the load job (`spark/jobs.py` `BulkLoadJob`; a
+triggered folder is hostile input, so it must resolve inside IOX_BULK_LOAD_ROOT before anything reads it:
+`ingest/bulk.py` `resolve_source`), and where the job leaves its report for the summary."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.bulk import resolve_source
 from iox_planner.ingest.lineprotocol import Precision
+from iox_planner.spark.jobs import BulkLoadJob
 
-from iox_planner.runs.settings import AirflowSettings
+from iox_planner.runs.settings import RunSettings
 
 
-def load_args(params: Mapping[str, Any], settings: AirflowSettings, run_id: str) -> list[str]:
-    """`run_bulk_load.py`'s arguments for a run's params, every value checked (the Params schema is checked
-    again here: a run created past it, or an older DAG version, must not reach spark-submit unchecked)."""
+def load_job(params: Mapping[str, Any], settings: RunSettings, run_id: str) -> BulkLoadJob:
+    """The load job of a run's params, every value checked (the Params schema is checked again here: a run
+    created past it, or an older DAG version, must not reach spark-submit unchecked)."""
     db = params.get("db")
     if not isinstance(db, str):
         raise BadInputError("db must be a database name")
@@ -31,8 +32,8 @@ def load_args(params: Mapping[str, Any], settings: AirflowSettings, run_id: str)
     folder = resolve_source(params.get("folder"), settings.bulk_load_root)  # type: ignore[arg-type]
     # The job checks the folder against the root again when it opens it: this check ran in an earlier task, and
     # the folder (or a folder on its path) may have become a link since.
-    return ["--db", db, "--precision", precision, "--report", str(report_path(run_id)),
-            "--root", str(settings.bulk_load_root), "--", str(folder)]
+    return BulkLoadJob(db, str(folder), Precision(precision), report=report_path(run_id),
+                       root=settings.bulk_load_root)
 
 
 def report_path(run_id: str) -> Path:

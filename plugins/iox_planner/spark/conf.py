@@ -1,0 +1,129 @@
+"""Spark's settings that need no Spark: the settings of every iox-batch session (defaults, IOX_SPARK_CONF, the
+fixed ones), the master, the environment spark-submit and the job's Python run in, and the fast-start JVM of small
+jobs. The CLI's launchers, the Spark jobs' sessions (`spark_jobs/session.py`) and the DAGs' operator all take them
+from here. Imports no pyspark, so the DAG files can use it at parse time."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Mapping
+
+from iox_planner import config
+from iox_planner.config import project_root
+from iox_planner.errors import BadInputError
+
+DEFAULT_CONF: Mapping[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.ansi.enabled": "true",
+    "spark.sql.caseSensitive": "true",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.parquet.filterPushdown": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # One query must not take the machine: in local mode the driver JVM is the whole engine (executors included),
+    # and its heap is the bound. maxResultSize (Spark's own default, said here so it is seen next to the memory
+    # it must fit in) bounds what one action may collect on the driver: a text result (csv, jsonl, the terminal)
+    # and a `register_as` result pass through it; Parquet is written by the executors and never does.
+    "spark.driver.memory": "2g",
+    "spark.driver.maxResultSize": "1g",
+    # Parquet output: timestamps as UTC microsecond timestamps (Spark's default is the legacy INT96).
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # User SQL is data: Spark must not replace `${env:HOME}`, `${system:...}`, `${spark:...}` or `${hiveconf:...}`
+    # in it (even inside string literals) with the service's environment, properties or settings.
+    "spark.sql.variable.substitute": "false",
+}
+
+# Settings no configuration may change: with substitution on, a query's '${env:...}' reads the service's
+# environment (the security model says a query reads the catalog's data and nothing else).
+_FIXED_CONF: Mapping[str, str] = {"spark.sql.variable.substitute": "false"}
+
+# The driver JVM exits on its first OutOfMemoryError, whatever else its options say. A JVM that ran out of memory
+# is in no state to go on (the thread that hit it is gone with its locks and promises): left running, a result
+# thread dead of it leaves the Python side waiting on a socket forever (`repeat('x', 2147483647)` folded by the
+# optimizer did exactly that). Exiting turns the hang into a lost JVM, which the runner reports in one paragraph
+# (`jvm_lost_error`). Only the JVM's own allocation failures count: Spark's SparkOutOfMemoryError (a task that
+# cannot get execution memory) is thrown by Spark's code and still fails just that task.
+EXIT_ON_OOM = "-XX:+ExitOnOutOfMemoryError"
+# The exit statuses of a JVM that ran out of memory: HotSpot's ExitOnOutOfMemoryError, and Spark's own handler
+# (SparkExitCode.OOM) for an executor or a local task thread.
+OOM_EXIT_STATUSES = frozenset({3, 52})
+
+
+def parse_spark_conf(text: str | None) -> dict[str, str]:
+    """IOX_SPARK_CONF: `key=value` pairs separated by commas, semicolons or newlines."""
+    out: dict[str, str] = {}
+    for item in (text or "").replace(";", "\n").replace(",", "\n").splitlines():
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise BadInputError(f"IOX_SPARK_CONF entry {item!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def jobs_dir() -> Path:
+    """Where every Spark job's script lives (`spark_jobs/` of the checkout): run_plan.py, run_parts.py,
+    run_compact.py, run_bulk_load.py."""
+    return project_root() / "spark_jobs"
+
+
+def session_conf(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Spark settings of every iox-batch session: the defaults, then IOX_SPARK_CONF, then `extra`, then the
+    fixed settings (applied last, so neither the user's conf nor `extra` can turn substitution back on)."""
+    log4j = jobs_dir() / "log4j2.properties"
+    conf = dict(DEFAULT_CONF)
+    conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j}"
+    conf["spark.executor.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j}"
+    conf.update(parse_spark_conf(config.SPARK_CONF.read()))
+    conf.update(extra or {})
+    conf.update(_FIXED_CONF)
+    driver_opts = conf.get("spark.driver.extraJavaOptions", "")
+    if EXIT_ON_OOM not in driver_opts.split():
+        conf["spark.driver.extraJavaOptions"] = f"{driver_opts} {EXIT_ON_OOM}".strip()
+    return conf
+
+
+def spark_master() -> str:
+    """IOX_SPARK_MASTER, else `local[*]`."""
+    return config.SPARK_MASTER.read() or "local[*]"
+
+
+def spark_env() -> dict[str, str]:
+    """What spark-submit and the job's Python need: the virtualenv's bin first on PATH (spark-submit lives there),
+    its Python for the workers, the checkout on PYTHONPATH (spark_jobs, iox_planner)."""
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    env = {
+        "PATH": path if path.split(os.pathsep)[0] == bin_dir else f"{bin_dir}{os.pathsep}{path}",
+        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(project_root()), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    # On one machine Spark must not guess an address; against a cluster the executors connect back to the
+    # driver, so its address is left to the deployment (IOX_SPARK_CONF spark.driver.host, SPARK_LOCAL_IP).
+    if "SPARK_LOCAL_IP" in os.environ or spark_master().startswith("local"):
+        env["SPARK_LOCAL_IP"] = os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
+    return env
+
+
+# A small job's driver JVM started for latency rather than throughput (C1 only, serial GC): on a job of a few
+# seconds the JIT's warm-up dominates. A job's `fast_start` (`job_conf`) uses it.
+FAST_START_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def fast_start_conf(conf: Mapping[str, str]) -> dict[str, str]:
+    """`conf` with the fast-start JVM options added to the driver's."""
+    key = "spark.driver.extraJavaOptions"
+    return {**conf, key: f"{conf.get(key, '')} {FAST_START_JVM}".strip()}
+
+
+def job_conf(fast_start: bool = False) -> dict[str, str]:
+    """The Spark settings a spark-submit job gets, from the CLI (`submit.spark_submit_command`) and from the DAGs'
+    operator alike: the session's, started for latency when `fast_start`."""
+    conf = session_conf()
+    return fast_start_conf(conf) if fast_start else conf
