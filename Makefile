@@ -60,6 +60,8 @@ bench: venv
 	$(BIN)/python benchmarks/bench_wide_overlap.py
 	$(BIN)/python benchmarks/bench_wide_designs.py
 	$(BIN)/python benchmarks/bench_staleness.py
+	$(BIN)/python benchmarks/bench_merge.py
+	$(BIN)/python benchmarks/bench_persist.py
 
 # Regenerate the lock from requirements.in (needs the registry).
 lock:

@@ -114,6 +114,14 @@ def median_ratio(rounds: Sequence[Mapping[str, float]], top: str, bottom: str) -
     return statistics.median(r[top] / r[bottom] for r in rounds)
 
 
+def load_report(start: Sequence[float]) -> str:
+    """The load average at a benchmark's start (`os.getloadavg()` then) and now: what the figures were taken
+    under on a shared machine."""
+    end = os.getloadavg()
+    return (f"load average (1, 5, 15 min) at the start {start[0]:.1f} {start[1]:.1f} {start[2]:.1f}, at the end "
+            f"{end[0]:.1f} {end[1]:.1f} {end[2]:.1f}, {os.cpu_count()} cores")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=1000)
@@ -206,10 +214,7 @@ def main() -> None:
                       f"{t_compact:.2f} s; before {t_before:.2f} s, after {t_after:.2f} s, scan {t_scan:.2f} s")
         drop_database(catalog, db, root)  # the benchmark's own database: its rows and files go
     console.print(report)
-    load_end = os.getloadavg()
-    console.print(f"load average (1, 5, 15 min) at the start {load_start[0]:.1f} {load_start[1]:.1f} "
-                  f"{load_start[2]:.1f}, at the end {load_end[0]:.1f} {load_end[1]:.1f} {load_end[2]:.1f}, "
-                  f"{os.cpu_count()} cores")
+    console.print(load_report(load_start))
     spark.stop()
 
 
