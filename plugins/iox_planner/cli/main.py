@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from iox_planner import __version__
 from iox_planner.errors import BadInputError, IoxError, clip_message
 from iox_planner.output.terminal import console, visible
+
+if TYPE_CHECKING:
+    from iox_planner.catalog.store import Catalog
 
 # Every string is printed as text (output/terminal.py). `out` carries what a command is for (a table, a plan):
 # failing to print it fails the command, which changed nothing. `report` tells what a command that changes
@@ -86,12 +89,21 @@ def cmd_persist(args: argparse.Namespace) -> int:
                      f"file {r.file_id} with {r.rows_out} rows (order {r.order})")
     if not results:
         report.print("nothing to persist: no ingester chunks")
+    if args.compact and results:
+        from iox_planner.maintenance.compact.plan import left_overlapping
+
+        overlapping = left_overlapping(catalog, args.db, [r.partition_id for r in results])
+        if not overlapping:
+            report.print("no persisted partition overlaps another file: nothing to compact now")
+            return 0
+        err.print(f"compacting the {len(overlapping)} partition(s) the persist left overlapping")
+        _run_compaction(catalog, args.db, None, None, only=overlapping)
     return 0
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
     from iox_planner.maintenance.compact.plan import dry_run
-    from iox_planner.maintenance.compact.report import describe_plan, outcome_note
+    from iox_planner.maintenance.compact.report import describe_plan
     from iox_planner.maintenance.compact.settings import CompactSettings
 
     catalog = _catalog()
@@ -105,16 +117,26 @@ def cmd_compact(args: argparse.Namespace) -> int:
             out.print("nothing to compact")
         out.print("dry run: nothing was changed")
         return 0
+    _run_compaction(catalog, args.db, args.table, args.partition)
+    return 0
+
+
+def _run_compaction(catalog: Catalog, db: str, table: str | None, partition: str | None,
+                    only: list[int] | None = None) -> None:
+    """Compact `db` (or its `table`, its `partition`, or `only` these partition ids) in this process's Spark
+    session or through spark-submit (IOX_RUNNER), and print the report. `compact` and `persist --compact`."""
     from iox_planner.cli import runner
     from iox_planner.maintenance.compact.plan import check_target
-    from iox_planner.maintenance.compact.report import report_dict
+    from iox_planner.maintenance.compact.report import outcome_note, report_dict
     from iox_planner.maintenance.compact.run import compact
+    from iox_planner.maintenance.compact.settings import CompactSettings
 
+    settings = CompactSettings.from_env()
     if runner.compacting_in_spark_submit():
         with catalog.engine.connect() as conn:  # unknown names fail here, before a Spark job starts
-            check_target(catalog, conn, args.db, args.table, args.partition)
+            check_target(catalog, conn, db, table, partition)
         err.print("compacting through spark-submit")
-        t = runner.compact_spark_submit(args.db, args.table, args.partition)
+        t = runner.compact_spark_submit(db, table, partition, only=only)
         for o in t["outcomes"]:
             if o["skipped"] is None:
                 err.print(f"{o['table']} {o['partition']}: L{o['level']}: {o['files_in']} file(s), "
@@ -127,8 +149,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
         def run_slices(tasks: Any, root: Any) -> Any:
             return spark_slice_runner(runner.session())(tasks, root)
 
-        t = report_dict(compact(catalog, args.db, run_slices, table=args.table,
-                                partition=args.partition, settings=settings, progress=err.print))
+        t = report_dict(compact(catalog, db, run_slices, table=table, partition=partition, only=only,
+                                settings=settings, progress=err.print))
     for o in t["outcomes"]:
         note = outcome_note(o)
         if note is not None:
@@ -140,7 +162,6 @@ def cmd_compact(args: argparse.Namespace) -> int:
                      f"out; {t['rows_in']:,} rows in, {t['rows_out']:,} out; {t['duplicates_removed']:,} duplicates "
                      f"removed; {t['files_promoted']} file(s) ({t['rows_promoted']:,} rows) promoted to L1 in place, "
                      "not rewritten" + (f"; {t['skipped']} skipped" if t["skipped"] else ""))
-    return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -356,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     persist = sub.add_parser("persist", help="persist ingester chunks as deduplicated, sorted Parquet files")
     _add_db(persist)
     persist.add_argument("--table", help="only this table")
+    persist.add_argument("--compact", action="store_true",
+                         help="then compact the partitions the persist left overlapping (as `compact` does)")
     persist.set_defaults(func=cmd_persist)
 
     compact = sub.add_parser("compact", help="rewrite overlapping Parquet files into non-overlapping ones (L0 -> L1 "

@@ -9,7 +9,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Sequence, TextIO
 
 from iox_planner.config import env_int, warehouse
 from iox_planner.errors import BadInputError
@@ -150,12 +150,13 @@ def print_result(table: Any, fmt: OutputFormat, stdout: TextIO) -> int:
     return int(table.num_rows)
 
 
-def compact_spark_submit(db: str, table: str | None, partition: str | None) -> dict[str, Any]:
+def compact_spark_submit(db: str, table: str | None, partition: str | None,
+                         only: Sequence[int] | None = None) -> dict[str, Any]:
     """`iox-batch compact` through spark-submit (`spark_jobs/run_compact.py`, the job the `iox_compact` DAG runs):
-    its report (`compact.report_dict`), read from the file the job writes."""
+    its report (`compact.report_dict`), read from the file the job writes. `only`: these partition ids."""
     import json
 
-    args = ["--db", db]
+    args = ["--db", db] if only is None else ["--target", f"{db}={','.join(str(p) for p in only)}"]
     if table is not None:
         args += ["--table", table]
     if partition is not None:

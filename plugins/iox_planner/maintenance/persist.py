@@ -41,6 +41,7 @@ class PersistResult:
     rows_out: int
     file_id: str
     order: int
+    partition_id: int
 
 
 def persist(
@@ -155,7 +156,7 @@ def _persist_partition(
         catalog.retire_chunks(conn, ChunkKind.INGESTER, [c.id for c in ingester])
         kill_point("persist.before_commit")
         return PersistResult(first.table, first.partition, len(ingester), sum(c.row_count for c in ingester),
-                             merged.num_rows, f"P{file_id}", order)
+                             merged.num_rows, f"P{file_id}", order, partition_id)
 
 
 # --- persisting on a schedule ---------------------------------------------------------------------------------------
