@@ -90,7 +90,7 @@ def main() -> None:
         marks.append(time.perf_counter())
         key = chunk_files.partition_sort_key(None, COLUMNS, pa.concat_tables([t.select(list(TAGS)) for _, t in parts]))
         marks.append(time.perf_counter())
-        ordered = chunk_files.deduplicate(parts, COLUMNS, sort_key=key, keep_dictionary=True)
+        ordered = chunk_files.deduplicate(parts, COLUMNS, sort_key=key, keep_dictionary=True, write_orders=True)
         marks.append(time.perf_counter())
         out = root / f"bench-persist-{uuid.uuid4().hex}.parquet"
         storage.write_parquet_atomic(ordered, out, metadata={"iox.kind": "parquet"}, store_schema=False)

@@ -24,7 +24,7 @@ def test_iox_persist_persists_partitions_whose_ingester_chunks_pile_up(
                               env={"IOX_PERSIST_CHUNK_THRESHOLD": "3", "IOX_PERSIST_DATABASES": db})
     assert result["state"] == "success", result["log"][-4000:]
     # Nothing overlaps the new file: no compaction is requested.
-    assert result["tasks"] == {"find_piles": "success", "persist_table[0]": "success",
+    assert result["tasks"] == {"expire": "success", "find_piles": "success", "persist_table[0]": "success",
                                "request_compaction": "skipped"}
     chunks = {(c["table_name"], c["kind"]): c for c in live_chunks(catalog, db)}
     assert set(chunks) == {("cpu", "parquet"), ("mem", "ingester")}
@@ -43,7 +43,7 @@ def test_iox_persist_requests_compaction_of_the_partitions_it_left_overlapping(
     [result] = dag_runner.run([{"dag_id": "iox_persist"}],
                               env={"IOX_PERSIST_CHUNK_THRESHOLD": "3", "IOX_PERSIST_DATABASES": db})
     assert result["state"] == "success", result["log"][-4000:]
-    assert result["tasks"] == {"find_piles": "success", "persist_table[0]": "success",
+    assert result["tasks"] == {"expire": "success", "find_piles": "success", "persist_table[0]": "success",
                                "request_compaction": "success"}
     assert f"requested compaction of {db}: 1 partition(s) left overlapping" in result["log"]
     # The persist's new file overlaps the first one: two live L0 files, left for the requested compaction.
