@@ -32,7 +32,8 @@ from bench_compact import load_report  # noqa: E402
 from bench_spark import COLUMNS, hour_table, rewrite_of  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from iox_planner.catalog.store import Catalog, drop_database  # noqa: E402
+from iox_planner.catalog.drops import drop_database  # noqa: E402
+from iox_planner.catalog.store import Catalog  # noqa: E402
 from iox_planner.config import warehouse  # noqa: E402
 from iox_planner import storage  # noqa: E402
 from iox_planner.ingest import files as chunk_files  # noqa: E402
