@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYSPARK_PIN := $(shell grep -E '^pyspark==' requirements.lock)
 PYTEST_ARGS ?=
 
-.PHONY: all venv test soak faults demo typecheck bench lock clean stop-postgres airflow-setup
+.PHONY: all venv test soak faults demo typecheck bench bench-compaction lock clean stop-postgres airflow-setup
 
 all: test
 
@@ -60,6 +60,16 @@ bench: venv
 	$(BIN)/python benchmarks/bench_wide_overlap.py
 	$(BIN)/python benchmarks/bench_wide_designs.py
 	$(BIN)/python benchmarks/bench_staleness.py
+	$(BIN)/python benchmarks/bench_merge.py
+	$(BIN)/python benchmarks/bench_persist.py
+
+# Compaction and persist speed (issue 25's figures, see benchmarks/README.md): the merge kernel against DuckDB, Polars
+# (when installed) and Arrow on one core; persist rows/s; compaction rows/s against the query-time merge on Spark.
+# BENCH_HOSTS sizes all three (default: each script's own).
+bench-compaction: venv
+	$(BIN)/python benchmarks/bench_merge.py $(if $(BENCH_HOSTS),--hosts $(BENCH_HOSTS))
+	$(BIN)/python benchmarks/bench_persist.py $(if $(BENCH_HOSTS),--hosts $(BENCH_HOSTS))
+	$(BIN)/python benchmarks/bench_compact.py $(if $(BENCH_HOSTS),--hosts $(BENCH_HOSTS))
 
 # Regenerate the lock from requirements.in (needs the registry).
 lock:

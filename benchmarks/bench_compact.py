@@ -20,7 +20,10 @@ Hot compaction promotes the hourly files no late write overlaps to L1 in place (
 rest. Its throughput is reported two ways: rows rewritten per second (the rewritten inputs' rows over the
 compaction's time) and rows covered per second (rewritten plus promoted rows: every stored row is L1 afterwards).
 Targets: after/scan <= 1.05x at both fractions; compaction rows/s at least the query-time dedup's (rows stored over
-the `before` query's time). The load average is printed: on a shared
+the `before` query's time): `rewritten/dedup` and `covered/dedup` are those ratios per round (medians), >= 1.00x
+meets it; both run on the same `--master` cores, so the ratio is per core too. On a shared machine the wall times
+grow with the other users' load; each variant's CPU seconds (this process, its Spark JVM and Python workers,
+`tree_cpu_seconds`) do not: the `per cpu s` columns are rows per CPU second, the per-core figures. The load average is printed: on a shared
 machine the ratios, taken from one interleaved run, are what to trust, not the seconds.
 
 Run: `python benchmarks/bench_compact.py [--hosts 1000 --hours 24 --repeat 5]` (the defaults: about 9 M rows stored,
@@ -74,10 +77,11 @@ def undo_compaction(catalog: Catalog, inputs: set[int], outputs: set[int]) -> No
 
 
 def interleaved(variants: dict[str, Callable[[], Any]], setup: dict[str, Callable[[], None]],
-                repeat: int) -> tuple[list[dict[str, float]], dict[str, Any]]:
+                repeat: int, cpu: Callable[[], float] | None = None) -> tuple[list[dict[str, float]], dict[str, Any]]:
     """Each variant's time in each of `repeat` rounds after a warm-up round. The variants take turns in every
     round, in reverse order every other round, so a burst of load on a shared machine, or what one variant leaves
-    behind (garbage, a warm cache), hits all of them alike; `setup[name]` runs untimed before it."""
+    behind (garbage, a warm cache), hits all of them alike; `setup[name]` runs untimed before it. With `cpu` (a
+    clock of CPU seconds), each round also holds each variant's CPU seconds under `"<name> cpu"`."""
     rounds: list[dict[str, float]] = []
     results: dict[str, Any] = {}
     names = list(variants)
@@ -86,12 +90,42 @@ def interleaved(variants: dict[str, Callable[[], Any]], setup: dict[str, Callabl
         for name in (names if round_ % 2 == 0 else names[::-1]):
             if name in setup:
                 setup[name]()
+            cpu_started = cpu() if cpu is not None else 0.0
             started = time.perf_counter()
             results[name] = variants[name]()
             times[name] = time.perf_counter() - started
+            if cpu is not None:
+                times[f"{name} cpu"] = cpu() - cpu_started
         if round_:
             rounds.append(times)
     return rounds, results
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds (user + system, with reaped children's) of this process and every process under it: the
+    Spark JVM of a local session and its Python workers. On a shared machine a variant's CPU seconds, unlike its
+    wall time, do not grow with the other users' load: rows per CPU second is the per-core figure."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        stats[int(entry)] = fields
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    ticks = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            # Fields after the name: utime, stime, cutime, cstime are the 12th to 15th.
+            total += sum(int(v) for v in stats[pid][11:15]) / ticks
+        todo.extend(children.get(pid, []))
+    return total
 
 
 def scan_shape(df: Any) -> tuple[list[str], list[str], list[str]]:
@@ -112,6 +146,14 @@ def median_ratio(rounds: Sequence[Mapping[str, float]], top: str, bottom: str) -
     """The median over rounds of one round's ratio: the two variants of a round ran back to back, under the same
     load, so their ratio is steadier than a ratio of two separately taken figures."""
     return statistics.median(r[top] / r[bottom] for r in rounds)
+
+
+def load_report(start: Sequence[float]) -> str:
+    """The load average at a benchmark's start (`os.getloadavg()` then) and now: what the figures were taken
+    under on a shared machine."""
+    end = os.getloadavg()
+    return (f"load average (1, 5, 15 min) at the start {start[0]:.1f} {start[1]:.1f} {start[2]:.1f}, at the end "
+            f"{end[0]:.1f} {end[1]:.1f} {end[2]:.1f}, {os.cpu_count()} cores")
 
 
 def main() -> None:
@@ -141,7 +183,8 @@ def main() -> None:
     for col in ("rewritten", "rows stored", "rows after", "files before", "files after", "before s", "after s",
                 "scan s", "after/scan", "before/scan", "files in/promoted", "compact s",
                 "compact rows rewritten/s", "compact rows covered/s", "query dedup rows/s",
-                "covered/dedup"):
+                "rewritten/dedup", "covered/dedup", "compact rows rewritten/cpu s", "query dedup rows/cpu s",
+                "rewritten/dedup per cpu s"):
         report.add_column(col, justify="right")
     for fraction in [float(f) for f in args.fractions.split(",")]:
         db = f"bench_compact_{int(fraction * 100)}_{uuid.uuid4().hex[:6]}"
@@ -182,7 +225,7 @@ def main() -> None:
                                                   "after": lambda: run_plan(after), "scan": scan,
                                                   "compact": recompact}
         setup = {"compact": lambda: undo_compaction(catalog, inputs, live_files(catalog, db))}
-        rounds, results = interleaved(variants, setup, args.repeat)
+        rounds, results = interleaved(variants, setup, args.repeat, cpu=tree_cpu_seconds)
         totals = results["compact"]
         assert totals == first.totals(), (totals, first.totals())
         r_before, r_after = results["before"], results["after"]
@@ -193,23 +236,26 @@ def main() -> None:
         t_before, t_after, t_scan, t_compact = (median_of(rounds, n) for n in ("before", "after", "scan", "compact"))
         covered = totals["rows_in"] + totals["rows_promoted"]
         for i, r in enumerate(rounds):
-            console.print(f"  {fraction:.0%} round {i + 1}: " + ", ".join(f"{n} {t:.2f} s" for n, t in r.items()))
+            console.print(f"  {fraction:.0%} round {i + 1}: " + ", ".join(f"{n} {t:.2f} s" for n, t in r.items()
+                                                                        if not n.endswith(" cpu"))
+                          + "; cpu: " + ", ".join(f"{n} {t:.2f} s" for n, t in r.items() if n.endswith(" cpu")))
         report.add_row(f"{fraction:.0%}", f"{stored:,}", f"{r_after[0]:,}", str(files_before), str(len(files)),
                        f"{t_before:.2f}", f"{t_after:.2f}", f"{t_scan:.2f}", f"{median_ratio(rounds, 'after', 'scan'):.3f}x",
                        f"{median_ratio(rounds, 'before', 'scan'):.2f}x", f"{totals['files_in']}/{totals['files_promoted']}",
                        f"{t_compact:.2f}", f"{totals['rows_in'] / t_compact:,.0f}",
                        f"{covered / t_compact:,.0f}", f"{stored / t_before:,.0f}",
-                       f"{covered / stored * median_ratio(rounds, 'before', 'compact'):.2f}x")
+                       f"{totals['rows_in'] / stored * median_ratio(rounds, 'before', 'compact'):.2f}x",
+                       f"{covered / stored * median_ratio(rounds, 'before', 'compact'):.2f}x",
+                       f"{totals['rows_in'] / median_of(rounds, 'compact cpu'):,.0f}",
+                       f"{stored / median_of(rounds, 'before cpu'):,.0f}",
+                       f"{totals['rows_in'] / stored * median_ratio(rounds, 'before cpu', 'compact cpu'):.2f}x")
         console.print(f"  {fraction:.0%}: compacted {totals['partitions']} partition(s), {totals['files_in']} -> "
                       f"{totals['files_out']} files, {totals['files_promoted']} promoted in place, "
                       f"{totals['duplicates_removed']:,} duplicates removed in "
                       f"{t_compact:.2f} s; before {t_before:.2f} s, after {t_after:.2f} s, scan {t_scan:.2f} s")
         drop_database(catalog, db, root)  # the benchmark's own database: its rows and files go
     console.print(report)
-    load_end = os.getloadavg()
-    console.print(f"load average (1, 5, 15 min) at the start {load_start[0]:.1f} {load_start[1]:.1f} "
-                  f"{load_start[2]:.1f}, at the end {load_end[0]:.1f} {load_end[1]:.1f} {load_end[2]:.1f}, "
-                  f"{os.cpu_count()} cores")
+    console.print(load_report(load_start))
     spark.stop()
 
 

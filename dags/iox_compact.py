@@ -2,8 +2,9 @@
 partition's small L1 files into large L2 files), so queries stop paying for deduplication.
 
 Every IOX_COMPACT_SCHEDULE (default hourly) `find_work` reads the compaction plan of every database
-(IOX_COMPACT_DATABASES, default all) and splits the partitions that need work into at most IOX_MAX_SPARK_JOBS
-batches of about equal rows; each batch is one mapped spark-submit of `spark_jobs/run_compact.py`. When no
+(IOX_COMPACT_DATABASES, default all); a run triggered by `iox_compact_request` events (a persist that left
+partitions overlapping, see `iox_persist`) plans only the partitions the events name (in those databases). It
+splits the partitions that need work into at most IOX_MAX_SPARK_JOBS batches of about equal rows; each batch is one mapped spark-submit of `spark_jobs/run_compact.py`. When no
 partition needs a rewrite (promotions only: catalog updates), there is no spark-submit: `compact_batch` maps
 over nothing and is skipped, and `promote` makes the promotions in its own process (it is skipped otherwise).
 `report` sums the batches' reports (partitions, files and rows in and out, duplicates removed, files promoted)
@@ -23,13 +24,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from airflow.sdk import DAG, XComArg, task
+from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, XComArg, task
 from airflow.utils.trigger_rule import TriggerRule
 
 from iox_planner.runs.settings import RunSettings
 from iox_planner.spark.conf import jobs_dir
 from iox_planner.spark.jobs import CompactJob
 
+from iox_airflow.assets import COMPACT_REQUEST
 from iox_airflow.operators import IoxSparkSubmitOperator
 
 SETTINGS = RunSettings.from_env()
@@ -42,7 +44,9 @@ def _job(batch: Any) -> CompactJob:
 with DAG(
     dag_id="iox_compact",
     description="Compact overlapping Parquet files into non-overlapping L1 and L2 files",
-    schedule=SETTINGS.compact_schedule,
+    # On its schedule, and on each compaction request a persist emits (`iox_persist`), for just those partitions.
+    schedule=AssetOrTimeSchedule(timetable=CronTriggerTimetable(SETTINGS.compact_schedule, timezone="UTC"),
+                                 assets=[COMPACT_REQUEST]),
     start_date=dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc),
     catchup=False,
     max_active_runs=1,
@@ -57,9 +61,15 @@ with DAG(
     def find_work(**context: Any) -> list[list[str]]:
         from iox_planner.maintenance.compact.batches import plan_batches, report_folder
 
+        from iox_planner.maintenance.compact.batches import parse_requests
+
         settings = RunSettings.from_env()
+        # A run the compaction requests triggered compacts the partitions they name; a scheduled run, everything.
+        events = context.get("triggering_asset_events") or {}
+        extras = [event.extra for asset_events in events.values() for event in asset_events]
+        only = parse_requests(extras) if extras else None
         batches = plan_batches(settings.compact_databases, settings.max_spark_jobs,
-                               report_folder(str(context["run_id"])))
+                               report_folder(str(context["run_id"])), only=only)
         # Each batch as its compaction job's arguments (`CompactJob.args`): what the mapped spark-submit takes.
         promote = [] if batches.promote is None else _job(batches.promote).args()
         context["ti"].xcom_push(key="promote", value=promote)

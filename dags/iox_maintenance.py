@@ -5,7 +5,11 @@ IOX_PERSIST_CHUNK_THRESHOLD (default 10) live ingester chunks (in the databases 
 default all) and persists their tables, one mapped task per (database, table): a table that cannot be persisted
 fails its own task and not the others. First, `expire` retires the partitions of every database (of those) whose
 retention has passed them, and deletes files retired longer ago than the grace period, so expired data goes even
-from databases nobody writes to any more.
+from databases nobody writes to any more. When every table is persisted, `request_compaction` emits an event of
+the `iox_compact_request` asset naming the partitions the persist left overlapping (those compaction would
+rewrite), which runs `iox_compact` for exactly those partitions within minutes instead of at its next scheduled
+run; it is skipped (no event) when none overlaps, and after a failed persist the scheduled run does the
+compaction.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any
 from airflow.sdk import DAG, task
 
 from iox_planner.runs.settings import RunSettings
+
+from iox_airflow.assets import COMPACT_REQUEST
 
 SETTINGS = RunSettings.from_env()
 
@@ -72,8 +78,33 @@ with DAG(
         for r in results:
             print(f"persisted {target['db']}.{r.table} {r.partition}: {r.chunks_in} chunks, {r.rows_in} rows -> "
                   f"{r.file_id} with {r.rows_out} rows (order {r.order})")
-        return [{"partition": r.partition, "chunks_in": r.chunks_in, "rows_out": r.rows_out} for r in results]
+        return [{"db": target["db"], "partition": r.partition, "partition_id": r.partition_id,
+                 "chunks_in": r.chunks_in, "rows_out": r.rows_out} for r in results]
+
+    @task(outlets=[COMPACT_REQUEST])
+    def request_compaction(persisted: list[list[dict[str, Any]]]) -> dict[str, Any]:
+        from airflow.sdk import get_current_context
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from iox_planner.catalog.store import open_catalog
+        from iox_planner.maintenance.compact.batches import request_extra
+        from iox_planner.maintenance.compact.plan import left_overlapping
+
+        by_db: dict[str, list[int]] = {}
+        for results in persisted:
+            for r in results:
+                by_db.setdefault(r["db"], []).append(int(r["partition_id"]))
+        with open_catalog() as catalog:
+            targets = {db: left_overlapping(catalog, db, ids) for db, ids in sorted(by_db.items())}
+        extra = request_extra(targets)
+        if not extra["targets"]:
+            raise AirflowSkipException("no persisted partition overlaps another file: no compaction to request")
+        context: Any = get_current_context()
+        context["outlet_events"][COMPACT_REQUEST].extra = extra
+        for db, ids in extra["targets"].items():
+            print(f"requested compaction of {db}: {len(ids)} partition(s) left overlapping")
+        return extra
 
     piles = find_piles()
     expire() >> piles
-    persist_table.expand(target=piles)
+    request_compaction(persist_table.expand(target=piles))

@@ -74,8 +74,11 @@ def test_every_dag_loads_without_import_errors_and_without_a_database(airflow_en
 
     persist = dags["iox_persist"]
     assert persist["tasks"]["persist_table"]["mapped"]
+    # A persist that leaves partitions overlapping requests their compaction; iox_compact runs on that too.
+    assert persist["tasks"]["request_compaction"]["outlets"] == ["iox://maintenance/compact-request"]
 
     compact = dags["iox_compact"]
+    assert compact["timetable"] == "AssetOrTimeSchedule"
     assert list(compact["tasks"]) == ["find_work", "compact_batch", "promote", "report"]
     assert compact["tasks"]["compact_batch"]["mapped"] and compact["tasks"]["report"]["trigger_rule"] == "all_done"
     # One level (cpu_hourly reads no registered table): find, then the stale intervals as mapped tasks.

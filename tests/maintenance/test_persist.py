@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from helpers import catalog_counts, live_chunks, read_rows, warehouse_files
@@ -75,6 +77,20 @@ def test_persist_sorts_on_partition_sort_key_and_fixes_it(catalog: Catalog, db: 
     persist(catalog, db)
     files = [c for c in live_chunks(catalog, db) if c["kind"] == "parquet"]
     assert files[-1]["sort_key"] == ["state", "city", "zone", "time"]
+
+
+def test_persisted_tags_read_back_as_plain_strings(catalog: Catalog, db: str, warehouse: Path) -> None:
+    """Persist merges tags dictionary-encoded; its file must still read back as every other file does (the
+    Parquet dictionary is an encoding, not Arrow's dictionary type), with rows sorted on the key."""
+    write(catalog, db, f"m,host=b,dc=x v=1 {T0}\nm,host=a,dc=x v=2 {T0}")
+    write(catalog, db, f"m,host=a v=3 {T0}\nm,host=c,dc=y v=4 {T0 + 1}")
+    persist(catalog, db)
+    (file,) = [c for c in live_chunks(catalog, db) if c["kind"] == "parquet"]
+    schema = pq.read_schema(warehouse / file["path"])
+    assert schema.field("host").type == pa.string() and schema.field("dc").type == pa.string()
+    assert file["sort_key"] == ["dc", "host", "time"]  # dc: 2 distinct values (and NULL), host: 3
+    assert [(r["dc"], r["host"], r["v"]) for r in read_rows(warehouse / file["path"])] == [
+        (None, "a", 3.0), ("x", "a", 2.0), ("x", "b", 1.0), ("y", "c", 4.0)]
 
 
 def test_persist_swaps_atomically_and_keeps_a_racing_write(catalog: Catalog, db: str, warehouse: Path) -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from iox_planner import __version__
 from iox_planner.errors import BadInputError, IoxError, clip_message
 from iox_planner.output.terminal import console, visible
+
+if TYPE_CHECKING:
+    from iox_planner.catalog.store import Catalog
 
 # Every string is printed as text (output/terminal.py). `out` carries what a command is for (a table, a plan):
 # failing to print it fails the command, which changed nothing. `report` tells what a command that changes
@@ -73,26 +76,32 @@ def _print_write(result: Any, db: str) -> None:
 
 def cmd_persist(args: argparse.Namespace) -> int:
     from iox_planner.catalog.store import open_catalog
+    from iox_planner.maintenance.compact.plan import left_overlapping
     from iox_planner.maintenance.persist import persist
 
     with open_catalog() as catalog:
         results = persist(catalog, args.db, table=args.table, warn=lambda note: err.print(f"warning: {note}"))
+        overlapping = (left_overlapping(catalog, args.db, [r.partition_id for r in results])
+                       if args.compact and results else [])
     for r in results:
         report.print(f"persisted {r.table} {r.partition}: {r.chunks_in} ingester chunk(s), {r.rows_in} rows -> "
                      f"file {r.file_id} with {r.rows_out} rows (order {r.order})")
     if not results:
         report.print("nothing to persist: no ingester chunks")
+    if args.compact and results:
+        if not overlapping:
+            report.print("no persisted partition overlaps another file: nothing to compact now")
+            return 0
+        err.print(f"compacting the {len(overlapping)} partition(s) the persist left overlapping")
+        _run_compaction(args.db, None, None, only=overlapping)
     return 0
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from iox_planner.maintenance.compact.plan import dry_run
-    from iox_planner.maintenance.compact.report import describe_plan, outcome_note
-    from iox_planner.maintenance.compact.settings import CompactSettings
-
     from iox_planner.catalog.store import open_catalog
-    from iox_planner.cli.runner import compact
-    from iox_planner.maintenance.compact.plan import check_target
+    from iox_planner.maintenance.compact.plan import check_target, dry_run
+    from iox_planner.maintenance.compact.report import describe_plan
+    from iox_planner.maintenance.compact.settings import CompactSettings
 
     settings = CompactSettings.from_env()
     with open_catalog() as catalog:
@@ -107,7 +116,17 @@ def cmd_compact(args: argparse.Namespace) -> int:
             return 0
         with catalog.engine.connect() as conn:  # unknown names fail here, before a Spark job starts
             check_target(catalog, conn, args.db, args.table, args.partition)
-    t = compact(args.db, args.table, args.partition, err.print)
+    _run_compaction(args.db, args.table, args.partition)
+    return 0
+
+
+def _run_compaction(db: str, table: str | None, partition: str | None, only: list[int] | None = None) -> None:
+    """Compact `db` (or its `table`, its `partition`, or `only` these partition ids) as IOX_RUNNER says, and print
+    the report: `compact` and `persist --compact`."""
+    from iox_planner.cli.runner import compact
+    from iox_planner.maintenance.compact.report import outcome_note
+
+    t = compact(db, table, partition, err.print, only=only)
     for o in t["outcomes"]:
         note = outcome_note(o)
         if note is not None:
@@ -119,7 +138,6 @@ def cmd_compact(args: argparse.Namespace) -> int:
                      f"out; {t['rows_in']:,} rows in, {t['rows_out']:,} out; {t['duplicates_removed']:,} duplicates "
                      f"removed; {t['files_promoted']} file(s) ({t['rows_promoted']:,} rows) promoted to L1 in place, "
                      "not rewritten" + (f"; {t['skipped']} skipped" if t["skipped"] else ""))
-    return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -342,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     persist = sub.add_parser("persist", help="persist ingester chunks as deduplicated, sorted Parquet files")
     _add_db(persist)
     persist.add_argument("--table", help="only this table")
+    persist.add_argument("--compact", action="store_true",
+                         help="then compact the partitions the persist left overlapping (as `compact` does)")
     persist.set_defaults(func=cmd_persist)
 
     compact = sub.add_parser("compact", help="rewrite overlapping Parquet files into non-overlapping ones (L0 -> L1 "

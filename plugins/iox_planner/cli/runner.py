@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 from iox_planner import config
 from iox_planner.config import warehouse
@@ -82,10 +82,11 @@ def print_result(table: Any, fmt: OutputFormat, stdout: TextIO) -> int:
     return int(table.num_rows)
 
 
-def compact(db: str, table: str | None, partition: str | None, progress: Callable[[str], None]) -> dict[str, Any]:
-    """`iox-batch compact` as a `CompactJob` (the job the `iox_compact` DAG runs in batches): its report
-    (`compact.report.report_dict`). Under spark-submit the job's progress stays in its own output, so each
-    partition's outcome is told from the report instead."""
+def compact(db: str, table: str | None, partition: str | None, progress: Callable[[str], None],
+            only: Sequence[int] | None = None) -> dict[str, Any]:
+    """`iox-batch compact` (and `persist --compact`, with `only` the partition ids to compact) as a `CompactJob`
+    (the job the `iox_compact` DAG runs in batches): its report (`compact.report.report_dict`). Under spark-submit
+    the job's progress stays in its own output, so each partition's outcome is told from the report instead."""
     from spark_jobs.launch import launcher
 
     from iox_planner.spark.launch import Runner
@@ -93,7 +94,9 @@ def compact(db: str, table: str | None, partition: str | None, progress: Callabl
     launch = launcher(progress=progress)
     if launch.runner is Runner.SPARK_SUBMIT:
         progress("compacting through spark-submit")
-    done = launch.run(CompactJob(db=db, table=table, partition=partition))
+    job = (CompactJob(db=db, table=table, partition=partition) if only is None
+           else CompactJob(targets=((db, tuple(sorted(only))),)))
+    done = launch.run(job)
     if launch.runner is Runner.SPARK_SUBMIT:
         for o in done["outcomes"]:
             if o["skipped"] is None:

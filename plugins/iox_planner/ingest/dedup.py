@@ -1,14 +1,20 @@
-"""IOx deduplication of Arrow data, vectorized with numpy (used by persist and by the Spark runner's workers).
+"""IOx deduplication of Arrow data, vectorized with numpy (used by persist, compaction and the Spark runner's workers).
 
 One row per primary key (tags + time; a NULL tag equals a NULL tag); every other column takes its last non-null
-value in write order, given as one int64 per row (`(chunk order << 32) | write position`). Tags are dictionary
-encoded to integers first, so grouping is one `lexsort` over integer arrays instead of hashing strings.
+value in write order, given as one int64 per row (`(chunk order << 32) | write position`).
+
+The merge uses the order its inputs already have. Each key column becomes integer codes that sort as the values
+do (a tag: its rank in the sorted dictionary, NULL first; time: its offset from the minimum), folded into one
+int64 per row. Rows whose write order ascends with their position (chunks concatenated oldest first, as every
+caller reads them) then need one stable sort on that integer alone, and numpy's stable sort of integers is a
+timsort, which finds the runs the input holds: a Parquet file is one run (sorted on the partition's sort key,
+whose order the keys are given in), so k files cost a k-way merge, not a sort; an ingester chunk is unsorted and
+is sorted once. Nothing is taken on trust: an input that is not sorted is only slower, never wrong.
 
 `deduplicate_parts` gives the same rows without merging those that cannot have a duplicate: in a group of Parquet
 files that do not overlap in time plus a few late ones (a backfill of a few series over a day), the rows of the
 series the late files do not touch pass through as they are.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,119 +33,144 @@ def _one_index_per_value(array: pa.Array) -> pa.Array:
     return array
 
 
-def _codes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """Integers that are equal exactly where the values are equal (NULL equal to NULL)."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type) or pa.types.is_binary(array.type):
+def _combined(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _numpy(array: pa.Array) -> np.ndarray:
+    return np.asarray(array.to_numpy(zero_copy_only=False))
+
+
+def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, int]:
+    """Integers in `[0, width)` that are equal exactly where the values are equal (NULL equal to NULL) and
+    ascend as the values do, NULL first (as Arrow and Spark sort ascending), and `width`."""
+    array = _combined(column)
+    if pa.types.is_integer(array.type) and not pa.types.is_uint64(array.type):
+        values = _numpy(array.fill_null(0) if array.null_count else array).astype(np.int64)
+        low, high = (int(values.min()), int(values.max())) if len(values) else (0, 0)
+        if high - low < _LIMIT:
+            codes = values - low
+            if not array.null_count:
+                return codes, high - low + 1
+            return np.where(_numpy(array.is_valid()), codes + 1, 0), high - low + 2
+        # Too wide to shift into the range (a span of more than 2^62): ranked as the dictionary below ranks.
+    if not pa.types.is_dictionary(array.type):
         array = pc.dictionary_encode(array)
     array = _one_index_per_value(array)
-    if pa.types.is_dictionary(array.type):
-        # Codes are the values' ranks in the sorted dictionary (NULL: -1, first), so the merged rows come out
-        # sorted on the keys as Arrow and Spark sort them (ascending, NULLs first): compaction writes them as is.
-        ranks = np.empty(len(array.dictionary), dtype=np.int64)
-        ranks[np.asarray(pc.sort_indices(array.dictionary).to_numpy(zero_copy_only=False), dtype=np.int64)] = \
-            np.arange(len(array.dictionary), dtype=np.int64)
-        indices = np.asarray(array.indices.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
-        if not len(ranks):  # every value NULL
-            return indices
-        return np.where(indices >= 0, ranks[np.maximum(indices, 0)], -1)
-    if array.null_count:
-        values = np.asarray(array.fill_null(0).to_numpy(zero_copy_only=False))
-        return np.where(array.is_null().to_numpy(zero_copy_only=False), np.iinfo(np.int64).min, values)
-    return np.asarray(array.to_numpy(zero_copy_only=False))
+    size = len(array.dictionary)
+    # A value's code is 1 + its rank in the sorted dictionary; NULL is 0.
+    ranks = np.zeros(size + 1, dtype=np.int64)
+    ranks[_numpy(pc.sort_indices(array.dictionary)).astype(np.int64)] = np.arange(1, size + 1, dtype=np.int64)
+    indices = _numpy(array.indices.fill_null(size) if array.null_count else array.indices)
+    return ranks[indices], size + 1
 
 
 _LIMIT = 1 << 62
 
 
-def _combine(codes: list[np.ndarray]) -> list[np.ndarray]:
-    """Fold runs of small non-negative codes into single integers (mixed radix), so the sort below compares a
-    few arrays instead of one per tag; re-densify with `np.unique` when the radix would overflow."""
-    out: list[np.ndarray] = []
-    current: np.ndarray | None = None
-    span = 1
-    for code in codes:
-        low, high = (int(code.min()), int(code.max())) if code.size else (0, 0)
-        width = high - low + 1
-        if low < -1 or width > _LIMIT:  # not a dictionary code (e.g. time): keep it as its own sort array
-            if current is not None:
-                out.append(current)
-                current = None
-            out.append(code)
-            continue
-        shifted = code - low
-        if current is None:
-            current, span = shifted, width
-            continue
+def _dense(codes: np.ndarray) -> tuple[np.ndarray, int]:
+    """The same order with no gaps: each code's rank among the distinct codes present, and their number. The
+    distinct codes are found among the values where the sequence changes, which in rows sorted on a prefix of
+    the key (Parquet runs) are few, so this costs a pass over the rows and a sort of a small array."""
+    if not codes.size:
+        return codes, 1
+    change = np.empty(codes.size, dtype=bool)
+    change[0] = True
+    np.not_equal(codes[1:], codes[:-1], out=change[1:])
+    starts = np.flatnonzero(change)
+    heads = codes[starts]
+    distinct = np.unique(heads)
+    lengths = np.diff(np.append(starts, codes.size))
+    return np.repeat(np.searchsorted(distinct, heads).astype(np.int64), lengths), len(distinct)
+
+
+def _sort_key(columns: Sequence[pa.ChunkedArray | pa.Array], n: int) -> np.ndarray:
+    """The key columns' codes folded (mixed radix, most significant first) into one int64 per row, equal exactly
+    where the keys are equal and ascending as they sort. Where a product of widths would overflow, the codes so
+    far and then the next column's are made dense (at most one code per row each), so it always fits below
+    2^62 for fewer than 2^31 rows; TSBS's ten tags and time need that once or twice."""
+    if n >= 2**31:
+        raise ValueError(f"cannot merge {n} rows at once (at most 2^31 - 1)")
+    current, span = np.zeros(n, dtype=np.int64), 1  # no key: one group
+    for column in columns:
+        code, width = _codes(column)
         if span * width >= _LIMIT:
-            _, inverse = np.unique(current, return_inverse=True)
-            current = inverse.astype(np.int64)
-            span = int(current.max()) + 1
-            if span * width >= _LIMIT:
-                out.append(current)
-                current, span = shifted, width
-                continue
-        current = current * width + shifted
+            current, span = _dense(current)
+        if span * width >= _LIMIT:
+            code, width = _dense(code)
+        current = current * width + code
         span *= width
-    if current is not None:
-        out.append(current)
-    return out
+    return current
+
+
+def _merge_order(key: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Row indices sorted on the key, then on `order`. With `order` ascending along the rows, a stable sort on
+    the key alone gives that, and numpy's stable integer sort (a timsort) merges the runs the rows already hold:
+    a k-way merge of sorted files plus a sort of the rest."""
+    if order.size < 2 or bool(np.all(order[1:] >= order[:-1])):
+        return np.argsort(key, kind="stable")
+    by_order = np.argsort(order, kind="stable")  # chunks out of order: runs of one order each, merged
+    return by_order[np.argsort(key[by_order], kind="stable")]
+
+
+def sort_indices(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """Row indices that sort `table` ascending on `keys` in the order given, NULLs first, equal keys kept in
+    row order (Arrow's `sort_by` order, through integer codes instead of comparing strings)."""
+    if table.num_rows == 0 or not keys:
+        return np.arange(table.num_rows, dtype=np.int64)
+    return np.argsort(_sort_key([table[k] for k in keys], table.num_rows), kind="stable")
+
+
+def _indices(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """int64 numpy positions as an Arrow array for `take`; a False in `valid` is a NULL position (NULL out)."""
+    bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(values), [bitmap, pa.py_buffer(values)])
 
 
 def deduplicate_table(table: pa.Table, keys: Sequence[str], order: np.ndarray) -> tuple[pa.Table, np.ndarray]:
     """Deduplicate `table` on `keys`; `order` ranks rows oldest first. Returns the merged rows (all columns of
     `table`, keys first as in `table`), sorted ascending on `keys` in the order given (NULLs first), and, per
-    merged row, the highest order that contributed to it."""
+    merged row, the highest order that contributed to it. Fastest when rows come oldest chunk first and each
+    Parquet chunk is sorted on `keys` (as files are on the partition's sort key): see the module's docstring."""
     n = table.num_rows
+    order = np.asarray(order, dtype=np.int64)
     if n == 0:
-        return table, np.asarray(order, dtype=np.int64)
-    codes = _combine([_codes(table[k]) for k in keys])
-    # lexsort's last array is the primary key: keys in order, then write order inside each key.
-    idx = np.lexsort([order, *reversed(codes)])
-    starts = np.zeros(n, dtype=bool)
+        return table, order
+    key = _sort_key([table[k] for k in keys], n)
+    idx = _merge_order(key, order)
+    ordered = key[idx]
+    starts = np.empty(n, dtype=bool)
     starts[0] = True
-    for code in codes:
-        ordered = code[idx]
-        starts[1:] |= ordered[1:] != ordered[:-1]
-    group = np.cumsum(starts) - 1
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
     first = np.flatnonzero(starts)
-    groups = len(first)
-    ends = np.empty(groups, dtype=np.int64)
+    if len(first) == n:  # no two rows share a key: every row is its own merged row
+        take = _indices(idx)
+        return pa.table({name: table[name].take(take) for name in table.column_names}), order[idx]
+    ends = np.empty(len(first), dtype=np.int64)
     ends[:-1] = first[1:] - 1
     ends[-1] = n - 1
+    positions: np.ndarray | None = None
+    take_first = _indices(idx[first])
+    take_last = _indices(idx[ends])
     columns: dict[str, pa.Array | pa.ChunkedArray] = {}
     key_set = set(keys)
-    take_first = pa.array(idx[first])
-    take_last = None
     for name in table.column_names:
         column = table[name]
         if name in key_set:
             columns[name] = column.take(take_first)
-            continue
-        if column.null_count == 0:
+        elif column.null_count == 0:
             # No NULLs: a group's last non-null value is its last row's (rows sorted by write order inside a key).
-            if take_last is None:
-                take_last = pa.array(idx[ends])
             columns[name] = column.take(take_last)
-            continue
-        valid = column.is_valid()
-        valid_np = (valid.to_numpy(zero_copy_only=False) if not isinstance(valid, pa.ChunkedArray)
-                    else np.concatenate([c.to_numpy(zero_copy_only=False) for c in valid.chunks]) if valid.num_chunks
-                    else np.zeros(0, dtype=bool))
-        positions = np.flatnonzero(valid_np[idx])
-        pick = np.full(groups, -1, dtype=np.int64)
-        if positions.size:
-            owner = group[positions]
-            last = np.empty(positions.size, dtype=bool)
-            last[:-1] = owner[1:] != owner[:-1]
-            last[-1] = True
-            pick[owner[last]] = positions[last]
-        found = pick >= 0
-        source = idx[np.where(found, pick, 0)]
-        taken = column.take(pa.array(source))
-        columns[name] = pc.if_else(pa.array(found), taken, pa.scalar(None, type=column.type))
-    merged = pa.table(columns)
-    return merged, np.asarray(order, dtype=np.int64)[idx][ends]
+        else:
+            # A group's last row (in merge order) that has a value: the largest valid position in the group.
+            if positions is None:
+                positions = np.arange(n, dtype=np.int64)
+            valid = _numpy(_combined(column).is_valid())[idx]
+            last = np.maximum.reduceat(np.where(valid, positions, -1), first)
+            found = last >= 0
+            columns[name] = column.take(_indices(idx[np.maximum(last, 0)], found))
+    return pa.table(columns), order[idx[ends]]
 
 
 @dataclass(frozen=True)

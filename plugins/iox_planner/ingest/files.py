@@ -78,28 +78,34 @@ def chunk_columns(points: Iterable[Point]) -> dict[str, ColumnType]:
     return columns
 
 
+def _used_values(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """A dictionary-encoded column's values as plain values, each at least once: the values its rows use, not the
+    whole dictionary (it may hold values no row kept), and few (a dictionary's values, not every row's). Other
+    columns as they are."""
+    if not pa.types.is_dictionary(column.type):
+        return column
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    return pa.chunked_array([c.dictionary.take(pc.unique(c.indices).drop_null()) for c in chunks],
+                            type=column.type.value_type)
+
+
 def tag_ranges(table: pa.Table, columns: Mapping[str, ColumnType]) -> dict[str, tuple[str, str]]:
     """Per tag (min, max) of its non-null values; a tag with no values has no range."""
     out: dict[str, tuple[str, str]] = {}
     for name, ctype in columns.items():
         if ctype is ColumnType.TAG and name in table.column_names:
-            column = table[name]
-            if pa.types.is_dictionary(column.type):
-                # The values the rows use, not the whole dictionary (it may hold values no row kept); the few
-                # distinct values are compared, not every row's string.
-                chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-                column = pa.chunked_array([c.dictionary.take(pc.unique(c.indices).drop_null()) for c in chunks],
-                                          type=column.type.value_type)
-            mm = pc.min_max(column).as_py()
+            mm = pc.min_max(_used_values(table[name])).as_py()
             if mm["min"] is not None:
                 out[name] = (mm["min"], mm["max"])
     return out
 
 
 def derive_sort_key(table: pa.Table, columns: Mapping[str, ColumnType]) -> list[str]:
-    """Tags by ascending number of distinct values (ties by name), then time."""
+    """Tags by ascending number of distinct values (ties by name), then time. Deduplication keeps every tag value
+    (each key keeps a row), so the rows before a merge give the same key as the merged rows."""
     tags = [c for c, t in columns.items() if t is ColumnType.TAG]
-    counts = {tag: pc.count_distinct(table[tag]).as_py() if tag in table.column_names else 0 for tag in tags}
+    counts = {tag: pc.count_distinct(_used_values(table[tag])).as_py() if tag in table.column_names else 0
+              for tag in tags}
     return [*sorted(tags, key=lambda t: (counts[t], t)), TIME]
 
 
@@ -112,11 +118,15 @@ def extend_sort_key(sort_key: Sequence[str], columns: Mapping[str, ColumnType], 
 
 
 def sort_table(table: pa.Table, sort_key: Sequence[str]) -> pa.Table:
-    """Sort on the key, ascending, NULLs first (Spark's ascending default)."""
-    keys = [(c, "ascending", "at_start") for c in sort_key if c in table.column_names]
+    """Sort on the key, ascending, NULLs first (Spark's ascending default), as Arrow's `sort_by` would; through
+    the dedup's integer codes of the key columns (one stable integer sort instead of comparing strings column by
+    column: rows already sorted on a prefix of the key cost a pass)."""
+    from iox_planner.ingest.dedup import sort_indices
+
+    keys = [c for c in sort_key if c in table.column_names]
     if not keys:
         return table
-    return table.sort_by(keys)
+    return table.take(arrow_np.from_numpy(sort_indices(table, keys)))
 
 
 def deduplicate(parts: Sequence[tuple[int, pa.Table]], columns: Mapping[str, ColumnType],
@@ -185,10 +195,11 @@ def dictionary_columns(columns: Mapping[str, ColumnType]) -> list[str]:
             if ctype in (ColumnType.TAG, ColumnType.STRING, ColumnType.TIME)]
 
 
-def read_chunk(path: Path, chunk_id: str) -> pa.Table:
-    """Read a chunk's file; a missing or corrupt file is an error naming the file and its chunk."""
+def read_chunk(path: Path, chunk_id: str, dictionary: Sequence[str] = ()) -> pa.Table:
+    """Read a chunk's file (`dictionary`: these columns dictionary-encoded, as Parquet stores them; a name the file
+    lacks is ignored); a missing or corrupt file is an error naming the file and its chunk."""
     try:
-        return pq.read_table(path)
+        return pq.read_table(path, read_dictionary=list(dictionary) or None)
     except FileNotFoundError as err:
         raise CatalogError(f"chunk {chunk_id}: its file {path} is missing from the warehouse") from err
     except (pa.ArrowInvalid, OSError) as err:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
 
@@ -24,7 +25,7 @@ from iox_planner.faults import kill_point
 from iox_planner.ingest import files as chunk_files
 from iox_planner.maintenance.sweeps import (DEFAULT_GRACE_SECONDS, collect_garbage, expire_partitions,
                                             sweep_compaction_strays, sweep_unreferenced)
-from iox_planner.model import LOCAL_STORE, TIME, ChunkKind
+from iox_planner.model import LOCAL_STORE, TIME, ChunkKind, ColumnType
 
 _log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class PersistResult:
     rows_out: int
     file_id: str
     order: int
+    partition_id: int
 
 
 def persist(
@@ -131,18 +133,24 @@ def _persist_partition(
             after_read()
         first = ingester[0]
         table_columns = catalog.table_columns(conn, first.table_id)
-        parts = [(c.order, chunk_files.read_chunk(root / c.path, c.display_id)) for c in ingester]
         columns = {name: table_columns[name] for c in ingester for name in c.column_names}
-        # Each row keeps the order of its key's newest write (a changes read's exact cut, catalog/changes.py).
-        merged = chunk_files.deduplicate(parts, columns, write_orders=True)
-        key = chunk_files.partition_sort_key(fixed_key, columns, merged)
+        # Tags read dictionary-encoded and kept so through the merge into the writer: strings are hashed once (by
+        # the reader), not by the merge, the sort and the writer each (about half of persist's time, measured).
+        tags = [name for name, ctype in columns.items() if ctype is ColumnType.TAG]
+        parts = [(c.order, chunk_files.read_chunk(root / c.path, c.display_id, tags)) for c in ingester]
+        # The key from the rows before the merge (the same tag values as after it), so the merge sorts on it.
+        key = chunk_files.partition_sort_key(fixed_key, columns, pa.concat_tables(
+            [t.select([g for g in tags if g in t.column_names]) for _, t in parts], promote_options="default"))
         if list(key) != list(fixed_key or []):
             catalog.set_sort_key(conn, partition_id, key)
         file_key = [c for c in key if c in columns]
-        merged = chunk_files.sort_table(merged, file_key)
+        # Each row keeps the order of its key's newest write (a changes read's exact cut, catalog/changes.py).
+        merged = chunk_files.deduplicate(parts, columns, sort_key=file_key, keep_dictionary=True, write_orders=True)
         rel = storage.chunk_path(db_id, first.table_id, partition_id)
         staged.paths.append(root / rel)
-        size = storage.write_parquet_atomic(merged, root / rel, metadata={"iox.kind": "parquet"})
+        # Without Arrow's schema the file reads back with plain string tags, as every other file.
+        size = storage.write_parquet_atomic(merged, root / rel, metadata={"iox.kind": "parquet"},
+                                            store_schema=False)
         order = max(c.order for c in ingester)
         mm = pc.min_max(merged[TIME]).as_py()
         file_id = catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(
@@ -155,7 +163,7 @@ def _persist_partition(
         catalog.retire_chunks(conn, ChunkKind.INGESTER, [c.id for c in ingester])
         kill_point("persist.before_commit")
         return PersistResult(first.table, first.partition, len(ingester), sum(c.row_count for c in ingester),
-                             merged.num_rows, f"P{file_id}", order)
+                             merged.num_rows, f"P{file_id}", order, partition_id)
 
 
 # --- persisting on a schedule ---------------------------------------------------------------------------------------

@@ -11,12 +11,13 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence
+from typing import IO, Any, Callable, Mapping, Sequence
 
 from iox_planner import storage
+from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.store import open_catalog
 from iox_planner.config import state_dir
-from iox_planner.errors import InternalError, IoxError
+from iox_planner.errors import BadInputError, InternalError, IoxError
 from iox_planner.maintenance.compact.plan import PartitionPlan, dry_run
 from iox_planner.maintenance.compact.report import Report, describe_plan, outcome_note, report_dict
 from iox_planner.maintenance.compact.run import compact
@@ -48,17 +49,25 @@ def report_folder(run_id: str) -> Path:
     return state_dir() / "compact" / re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)[:200]
 
 
-def plan_batches(databases: Sequence[str], max_jobs: int, folder: Path) -> Batches:
-    """The batches of a run, each batch's report in `folder`. Partitions of `databases` (none: every database) go
-    to the batch with the fewest rows so far, largest first, so batches take about equal time; at most `max_jobs`
-    batches. When no partition needs a rewrite, the one batch is `promote` instead: promotions are catalog
-    updates, and a spark-submit (a JVM start, ten seconds or more) would start no Spark job anyway."""
+def plan_batches(databases: Sequence[str], max_jobs: int, folder: Path,
+                 only: Mapping[str, Sequence[int]] | None = None) -> Batches:
+    """The batches of a run, each batch's report in `folder`. `only`: just these partitions of these databases (a
+    compaction request's, `parse_requests`). Partitions of `databases` (none: every database) go to the batch with
+    the fewest rows so far, largest first, so batches take about equal time; at most `max_jobs` batches. When no
+    partition needs a rewrite, the one batch is `promote` instead: promotions are catalog updates, and a
+    spark-submit (a JVM start, ten seconds or more) would start no Spark job anyway."""
     work: list[tuple[int, str, int]] = []
     with open_catalog() as catalog:
         with catalog.engine.connect() as conn:
-            names = list(databases) or catalog.database_names(conn)
+            known = catalog.database_names(conn)
+        names = list(databases) or known
+        if only is not None:
+            for db in sorted(set(only) - set(known)):
+                print(f"{db}: compaction was requested, but the database no longer exists")
+            # Only the databases this DAG compacts (IOX_COMPACT_DATABASES): a request does not widen them.
+            names = sorted(set(only) & set(names) & set(known))
         for db in names:
-            for item in dry_run(catalog, db):
+            for item in dry_run(catalog, db, only=None if only is None else list(only[db])):
                 print(f"{db}: " + "\n".join(describe_plan(item)))
                 if isinstance(item, PartitionPlan):  # promotions only: a batch member costing no Spark task
                     work.append((item.rows_in, db, item.partition_id))
@@ -82,6 +91,38 @@ def plan_batches(databases: Sequence[str], max_jobs: int, folder: Path) -> Batch
         return Batches([], out[0])
     print(f"{len(work)} partition(s) to compact in {count} Spark job(s)")
     return Batches(out, None)
+
+
+MAX_REQUESTED_PARTITIONS = 10_000
+"""At most this many partitions in one run's compaction requests: an event's extra is input like any other."""
+
+
+def request_extra(targets: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+    """A compaction request as an Airflow asset event's extra (plain JSON): `{"targets": {db: [ids]}}`."""
+    return {"targets": {db: sorted(set(ids)) for db, ids in sorted(targets.items()) if ids}}
+
+
+def parse_requests(extras: Sequence[Any]) -> dict[str, list[int]]:
+    """The partitions the compaction requests ask for (`request_extra`'s form, several events merged), checked:
+    database names as `check_db_name` allows, partition ids positive integers, at most
+    `MAX_REQUESTED_PARTITIONS` in all. Anything else is refused whole, in one paragraph."""
+    out: dict[str, set[int]] = {}
+    for extra in extras:
+        targets = extra.get("targets") if isinstance(extra, Mapping) else None
+        if not isinstance(targets, Mapping):
+            raise BadInputError('a compaction request is not {"targets": {DB: [PARTITION_ID, ...]}}')
+        for db, ids in targets.items():
+            if not isinstance(db, str):
+                raise BadInputError("a compaction request names a database that is not a string")
+            check_db_name(db)
+            if not isinstance(ids, list) or not all(type(i) is int and i >= 1 for i in ids):
+                raise BadInputError(f"a compaction request for database {db!r} does not list positive partition "
+                                    "ids")
+            out.setdefault(db, set()).update(ids)
+            if sum(len(v) for v in out.values()) > MAX_REQUESTED_PARTITIONS:
+                raise BadInputError(f"the compaction requests name more than {MAX_REQUESTED_PARTITIONS:,} "
+                                    "partitions")
+    return {db: sorted(ids) for db, ids in sorted(out.items())}
 
 
 def compact_batch(targets: Sequence[tuple[str, Sequence[int] | None]], run_slices: SliceRunner, *,

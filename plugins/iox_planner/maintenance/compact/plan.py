@@ -341,9 +341,21 @@ def check_partition(partition: str) -> None:
 
 
 def dry_run(catalog: Catalog, db: str, *, table: str | None = None, partition: str | None = None,
-            settings: CompactSettings | None = None) -> list[PartitionPlan | Skip]:
-    """The compaction plan, read in one short read-only transaction: nothing is locked, written or changed."""
+            settings: CompactSettings | None = None, only: Sequence[int] | None = None) -> list[PartitionPlan | Skip]:
+    """The compaction plan (`only`: of these partition ids), read in one short read-only transaction: nothing is
+    locked, written or changed."""
     settings = settings or CompactSettings.from_env()
     with catalog.engine.connect() as conn:
         db_id = check_target(catalog, conn, db, table, partition)
-        return find_work(catalog, conn, db_id, settings, table=table, partition=partition)
+        return find_work(catalog, conn, db_id, settings, table=table, partition=partition, only=only)
+
+
+def left_overlapping(catalog: Catalog, db: str, partition_ids: Sequence[int],
+                     settings: CompactSettings | None = None) -> list[int]:
+    """Which of `partition_ids` (those a persist just wrote) compaction would rewrite now: their files overlap, so
+    queries deduplicate them until a compaction. Partitions whose new files only need a promotion (a catalog
+    update; queries do not pay for them) and partitions that must wait (`Skip`) are left to the scheduled run."""
+    if not partition_ids:
+        return []
+    return sorted(p.partition_id for p in dry_run(catalog, db, settings=settings, only=partition_ids)
+                  if isinstance(p, PartitionPlan) and p.inputs)
