@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYSPARK_PIN := $(shell grep -E '^pyspark==' requirements.lock)
 PYTEST_ARGS ?=
 
-.PHONY: all venv test soak faults demo typecheck bench bench-compaction lock clean stop-postgres airflow-setup
+.PHONY: all venv test test-fast soak faults demo typecheck bench bench-compaction lock clean stop-postgres airflow-setup
 
 all: test
 
@@ -32,6 +32,12 @@ test: venv
 	$(BIN)/iox-batch catalog migrate
 	$(BIN)/python -m pytest -n 2 --ignore=tests/airflow --durations=20 $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests/airflow --durations=10 $(PYTEST_ARGS)
+
+# Everything that needs neither Spark nor Airflow (no JVM, no scheduler: planner, catalog, ingest, maintenance
+# without Spark, runs, security, type and layer checks): the quick loop while changing code.
+test-fast: venv
+	$(BIN)/iox-batch catalog migrate
+	$(BIN)/python -m pytest -n 2 -m "not spark and not airflow and not slow" --ignore=tests/airflow $(PYTEST_ARGS)
 
 # The soak / race test at full length (make test runs it for IOX_SOAK_SECONDS=30), and the fault-injection suite
 # (tests/faults and the Airflow fault tests) with ten kill points per operation (make test samples a few: README).

@@ -33,7 +33,7 @@ _QUERY_PLANS = frozenset({
 })
 # The expressions Spark's parser itself builds (everything else it leaves as UnresolvedFunction, checked against
 # the allow-list): operators, literals, casts, subqueries, windows, grouping sets. A closed list, gathered from the
-# parse of every documented example and syntax form (tests/spark/test_sql_fidelity.py runs them all through this
+# parse of every documented example and syntax form (tests/planner/test_sql_fidelity.py runs them all through this
 # gate); `current_path`, which the parser builds directly as CurrentPath, is left out, as is anything new.
 _PARSED_EXPRESSIONS = frozenset(_EXPRESSIONS + name for name in """Add Alias And AttributeReference BitwiseAnd
     BitwiseNot BitwiseOr BitwiseXor CaseWhen Cast Coalesce Collate Concat CreateNamedStruct Cube CurrentRow$ Divide

@@ -1,5 +1,5 @@
 """The executor's pure transforms: DataFrame in, DataFrame out, no files read or written, so each is tested on
-small in-memory DataFrames (tests/spark/test_transforms.py). Also the one map from catalog column types to
+small in-memory DataFrames (tests/spark_jobs/test_transforms.py). Also the one map from catalog column types to
 Spark types."""
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def empty_catalog() -> Iterator[str]:
     _drop_database(name)
 
 
-from helpers import run_cli  # noqa: E402,F401  (kept importable from conftest)
+from common_support import run_cli  # noqa: E402,F401  (kept importable from conftest)
 
 
 class Untouched:
@@ -86,7 +86,7 @@ class Untouched:
     catalog's row counts, snapshotted; `check()` fails if any of them changed."""
 
     def __init__(self, canary: Path, warehouse: Path, catalog: Catalog) -> None:
-        from helpers import catalog_counts, tree_digest
+        from common_support import catalog_counts, tree_digest
 
         self.canary = canary
         self.warehouse = warehouse

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from helpers import live_chunks
+from common_support import live_chunks
 from iox_planner import storage
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.write import write_line_protocol

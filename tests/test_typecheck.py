@@ -213,3 +213,17 @@ def test_dag_files_import_nothing_heavy_at_parse_time(tmp_path: Path) -> None:
     for dag_file in files:
         heavy, ours, airflow = run(f"runpy.run_path({str(dag_file)!r}, run_name='dag_parse')\n", dag_file.name)
         assert (dag_file.name, set(heavy.split(",")) - airflow_own, ours, airflow) == (dag_file.name, set(), "", "True")
+
+
+def test_the_tests_mirror_the_package() -> None:
+    """tests/<area>/ for each area of iox_planner (and spark_jobs, the DAGs' airflow), plus the two suites that
+    cut across them; every module that is not a test, a conftest or a subprocess driver is a `*_support.py`."""
+    areas = {p.name for p in (ROOT / "plugins" / "iox_planner").iterdir() if p.is_dir() and not p.name.startswith("_")}
+    allowed = areas | {"spark_jobs", "airflow", "security", "faults", "fixtures"}
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    assert folders <= allowed, sorted(folders - allowed)
+    drivers = {"dagtest_runner.py", "commit_driver.py"}  # run as processes of their own, never imported
+    odd = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
+           if not p.name.startswith("test_") and p.name != "conftest.py" and p.name not in drivers
+           and not p.name.endswith("_support.py")]
+    assert odd == [], odd

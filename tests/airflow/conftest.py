@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from af_support import DAGS, DATA, ROOT, DagRunner, base_env, setup_airflow, write_definitions
+from airflow_support import DAGS, DATA, ROOT, DagRunner, base_env, setup_airflow, write_definitions
 
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.scenario import load_scenario, read_scenario

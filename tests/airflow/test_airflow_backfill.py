@@ -28,9 +28,9 @@ from typing import Any, Iterator
 
 import pytest
 import sqlalchemy as sa
-from af_support import (DATA, ROOT, airflow_cli, base_env, dag_run_state, leftovers, locks, query_runs,
+from airflow_support import (DATA, ROOT, airflow_cli, base_env, dag_run_state, leftovers, locks, query_runs,
                         scheduler_cluster, write_definitions)
-from helpers import live_chunks
+from common_support import live_chunks
 
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.scenario import load_scenario, read_scenario

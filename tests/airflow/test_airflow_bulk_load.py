@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
-from af_support import DagRunner
-from helpers import catalog_counts
+from airflow_support import DagRunner
+from common_support import catalog_counts
 
 from iox_planner.runs.settings import RunSettings
 from iox_planner.catalog.store import Catalog

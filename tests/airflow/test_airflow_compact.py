@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from af_support import DagRunner
-from helpers import live_chunks, tree_digest
+from airflow_support import DagRunner
+from common_support import live_chunks, tree_digest
 
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.scenario import load_scenario, parse_scenario

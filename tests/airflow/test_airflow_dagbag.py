@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from af_support import DAGS
+from airflow_support import DAGS
 
 pytestmark = pytest.mark.airflow
 

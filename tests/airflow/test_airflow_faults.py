@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-from af_support import BIN, ROOT, leftovers, locks, query_runs
+from airflow_support import BIN, ROOT, leftovers, locks, query_runs
 from test_airflow_iox_query import EXPECTED, QUERY
 
 from iox_planner.catalog.store import Catalog

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from af_support import DagRunner, leftovers, locks, query_runs
+from airflow_support import DagRunner, leftovers, locks, query_runs
 
 from iox_planner.catalog.store import Catalog
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from af_support import DagRunner, airflow_cli, leftovers, locks, query_runs
+from airflow_support import DagRunner, airflow_cli, leftovers, locks, query_runs
 
 from iox_planner.catalog.store import Catalog
 
@@ -103,7 +103,7 @@ def test_bad_input_fails_in_the_plan_task_and_publishes_nothing(dag_runner: DagR
     assert locks(catalog) == []
 
 
-# The slow probe (tests/spark/test_query_budget.py): minutes of backtracking on every row, little memory.
+# The slow probe (tests/spark_jobs/test_query_budget.py): minutes of backtracking on every row, little memory.
 SLOW = "SELECT count(*) AS n FROM h2o WHERE regexp_like(concat(repeat('a,', 40), city), '(.*,){11}P')"
 
 

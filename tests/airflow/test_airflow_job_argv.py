@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from af_support import DAGS
+from airflow_support import DAGS
 
 pytestmark = pytest.mark.airflow
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
-from af_support import DagRunner, leftovers, locks, query_runs
-from helpers import live_chunks
+from airflow_support import DagRunner, leftovers, locks, query_runs
+from common_support import live_chunks
 
 from iox_planner.catalog.store import Catalog
 

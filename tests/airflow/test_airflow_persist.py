@@ -4,8 +4,8 @@ persisted; the others are left alone."""
 from __future__ import annotations
 
 import pytest
-from af_support import DagRunner
-from helpers import live_chunks
+from airflow_support import DagRunner
+from common_support import live_chunks
 
 from iox_planner.ingest import write as ingest
 from iox_planner.catalog.store import Catalog

@@ -3,7 +3,7 @@ of them are materialized; late data lands in the second hour; status shows exact
 only that one after a persist); one `iox_refresh` run recomputes that hour with ONE Spark job (one mapped task,
 one query run), then, in the next level, the daily rollup the re-registration made stale; both outputs hold the
 test's own expected counts; everything is fresh after. (The refreshed output against a from-scratch materialization
-of the interval, and a failing refresh: tests/spark/test_materialized_refresh.py, through the same refresh steps.)
+of the interval, and a failing refresh: tests/runs/test_materialized_refresh.py, through the same refresh steps.)
 
 The initial intervals are computed in this process (the same plan and commit steps a materialize run takes, Spark
 in-process) to keep spark-submit start-ups for the runs under test. """
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 import yaml
-from af_support import DagRunner, leftovers, locks
+from airflow_support import DagRunner, leftovers, locks
 
 from iox_planner.catalog.store import Catalog
 from iox_planner.cli.main import main

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
-from af_support import DagRunner, query_runs
+from airflow_support import DagRunner, query_runs
 
-from helpers import tree_digest
+from common_support import tree_digest
 from iox_planner.catalog.store import Catalog
 
 QUERY = "SELECT state, city, time FROM h2o"

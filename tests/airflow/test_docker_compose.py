@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 import yaml
-from af_support import ROOT
+from airflow_support import ROOT
 from iox_airflow.spark import spark_connection
 
 COMPOSE = ROOT / "docker-compose.yml"

@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from fault_support import (DAY0, FULL, IOX, QUERY, FaultWorld, PausedCommand, batch, naive_answer, read_output)
-from helpers import assert_one_paragraph_error
+from common_support import assert_one_paragraph_error
 from test_fault_query import _in_process
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.write import write_line_protocol

@@ -9,7 +9,7 @@ from typing import Sequence
 import pytest
 import sqlalchemy as sa
 
-from helpers import catalog_counts
+from common_support import catalog_counts
 from iox_planner import storage
 from iox_planner.catalog import locks
 from iox_planner.catalog.store import Catalog

@@ -11,7 +11,7 @@ from iox_planner.errors import BadInputError
 from iox_planner.ingest.write import write_line_protocol
 from iox_planner.ingest.scenario import load_scenario, parse_scenario
 
-from helpers import catalog_counts, live_chunks, read_rows, warehouse_files
+from common_support import catalog_counts, live_chunks, read_rows, warehouse_files
 
 DAY = 86_400_000_000_000
 T0 = 1_704_067_200_000_000_000  # 2024-01-01T00:00:00Z

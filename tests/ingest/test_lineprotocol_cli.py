@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from helpers import assert_one_paragraph_error, live_chunks, read_rows, run_cli
+from common_support import assert_one_paragraph_error, live_chunks, read_rows, run_cli
 from iox_planner.catalog.store import Catalog
 
 T0 = 1_704_067_200_000_000_000

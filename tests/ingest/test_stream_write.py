@@ -18,7 +18,7 @@ from iox_planner.ingest.lineprotocol import BOM, decode_utf8
 from iox_planner.maintenance.persist import persist
 from iox_planner.ingest.write import write_line_blocks, write_line_protocol
 
-from helpers import catalog_counts, live_chunks, read_rows, warehouse_files
+from common_support import catalog_counts, live_chunks, read_rows, warehouse_files
 
 T0 = 1_704_067_200_000_000_000
 

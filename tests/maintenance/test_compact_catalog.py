@@ -9,7 +9,7 @@ from typing import Sequence
 import pytest
 import sqlalchemy as sa
 
-from helpers import assert_one_paragraph_error, run_cli
+from common_support import assert_one_paragraph_error, run_cli
 from iox_planner.catalog.store import Catalog, ChunkRow
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.scenario import load_scenario, parse_scenario

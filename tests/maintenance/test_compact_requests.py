@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from helpers import live_chunks
+from common_support import live_chunks
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.scenario import load_scenario, parse_scenario

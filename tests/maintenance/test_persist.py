@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import catalog_counts, live_chunks, read_rows, warehouse_files
+from common_support import catalog_counts, live_chunks, read_rows, warehouse_files
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import CatalogError
 from iox_planner.ingest.scenario import load_scenario, parse_scenario

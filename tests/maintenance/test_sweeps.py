@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from helpers import live_chunks
+from common_support import live_chunks
 from iox_planner import storage
 from iox_planner.catalog import locks
 from iox_planner.catalog.store import Catalog

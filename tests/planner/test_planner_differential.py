@@ -2,7 +2,7 @@
 chunks with duplicates of their own, missing columns, NULLs) and random queries (filters on tags, fields and
 time, projections, parameters, time ranges, small limits), three answers must agree:
 
-- the optimized plan, executed by the reference evaluator (`planner_reference`), then the query's WHERE;
+- the optimized plan, executed by the reference evaluator (`reference_support`), then the query's WHERE;
 - the naive initial plan, executed the same way;
 - the oracle: every chunk's rows deduplicated as PRODUCT.md says, then the WHERE (no planner code involved).
 
@@ -25,7 +25,7 @@ from iox_planner.planner import PlannerSettings, plan_query
 from iox_planner.planner.explain import render_tree
 from iox_planner.planner.serde import plan_to_dict
 
-from planner_reference import PlanEvaluator, Predicate, dedup_rows, expected_rows, multiset
+from reference_support import PlanEvaluator, Predicate, dedup_rows, expected_rows, multiset
 
 CASES = int(os.environ.get("IOX_DIFF_CASES", "400"))
 BATCH = 25

@@ -25,8 +25,8 @@ from iox_planner.planner.explain import render_node
 from iox_planner.planner.nodes import QueryPlan
 from iox_planner.planner.serde import node_from_dict, plan_from_json, plan_to_dict, plan_to_json
 
-from planner_fixtures import fixture_files, load_chunks, read_fixture, source_of
-from planner_reference import PlanEvaluator, multiset
+from planner_support import fixture_files, load_chunks, read_fixture, source_of
+from reference_support import PlanEvaluator, multiset
 
 PASS_NAMES = {p.name for p in PASSES}
 

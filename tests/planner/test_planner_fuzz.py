@@ -1,7 +1,7 @@
-"""The query fuzzer's planner leg: the same seeded scenarios and predicate trees as `tests/spark/test_fuzz.py`, but
-the plans are executed by the reference evaluator (`planner_reference.PlanEvaluator`) instead of Spark, so many
+"""The query fuzzer's planner leg: the same seeded scenarios and predicate trees as `tests/spark_jobs/test_fuzz.py`, but
+the plans are executed by the reference evaluator (`reference_support.PlanEvaluator`) instead of Spark, so many
 more cases fit in CI. It checks what the planner decides (pruning by partition, time and tag; predicate and
-projection pushdown; dedup splitting and removal) against the oracle of `tests/fuzz_sql.py`:
+projection pushdown; dedup splitting and removal) against the oracle of `tests/fuzz_support.py`:
 
 - ternary logic partitioning: for each predicate p, the plans of `WHERE p`, `WHERE NOT (p)` and `WHERE (p) IS NULL`
   are each evaluated (their scan trees, then the query's own predicate by the oracle's three-valued evaluator), and
@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-import fuzz_sql as fz
+import fuzz_support as fz
 from iox_planner.ingest.scenario import parse_scenario, scenario_source
 from iox_planner.planner import plan_query
 from iox_planner.planner.serde import plan_to_dict
-from planner_reference import PlanEvaluator, dedup_rows
+from reference_support import PlanEvaluator, dedup_rows
 
 PREDICATES_PER_SEED = 8
 CASES = int(os.environ.get("IOX_FUZZ_PLANNER_CASES", "256"))

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
-from helpers import catalog_counts, live_chunks, warehouse_files
+from common_support import catalog_counts, live_chunks, warehouse_files
 
 from iox_planner.ingest import write as ingest
 from iox_planner.catalog import runs

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from helpers import assert_one_paragraph_error, live_chunks, run_cli
+from common_support import assert_one_paragraph_error, live_chunks, run_cli
 from iox_planner.catalog.store import Catalog
-from spark_helpers import cli, load
+from spark_support import cli, load
 
 T0 = 1_704_067_200_000_000_000
 MAX_ORDER = 2**31 - 1  # written out here, not imported: the bound is the executor's int64 packing
@@ -116,7 +116,7 @@ def test_default_orders_may_not_pass_the_bound(catalog: Catalog, db: str, tmp_pa
 @pytest.mark.spark
 def test_orders_at_the_bound_deduplicate_exactly_with_the_shared_strategy(spark: Any, catalog: Catalog,
                                                                           db: str) -> None:
-    from spark_helpers import run_jsonl
+    from spark_support import run_jsonl
 
     # The newest chunk (order 2^31 - 1) wins over 2^31 - 2; inside it, the later write wins. Packed into one int64
     # as (order << 32) | position, these are the largest keys the executor can see.

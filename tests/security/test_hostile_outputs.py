@@ -13,9 +13,9 @@ from typing import Any, Callable
 import pytest
 import sqlalchemy as sa
 
-from helpers import assert_one_paragraph_error, run_cli, tree_digest
+from common_support import assert_one_paragraph_error, run_cli, tree_digest
 from iox_planner.catalog.store import Catalog
-from spark_helpers import cli, load
+from spark_support import cli, load
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_704_067_200_000_000_000

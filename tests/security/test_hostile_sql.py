@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from helpers import assert_one_paragraph_error, run_cli
+from common_support import assert_one_paragraph_error, run_cli
 from iox_planner.errors import IoxError
 from iox_planner.planner import plan_query
 from iox_planner.ingest.scenario import read_scenario, scenario_source
@@ -448,7 +448,7 @@ H2O_CHUNKS = [
 def h2o_db(catalog: Any) -> str:
     import uuid
 
-    from spark_helpers import load
+    from spark_support import load
 
     name = f"sec_{uuid.uuid4().hex[:10]}"
     load(catalog, name, H2O_CHUNKS)
@@ -457,7 +457,7 @@ def h2o_db(catalog: Any) -> str:
 
 @pytest.mark.spark
 def test_ordinary_functions_run_on_spark(spark: Any, catalog: Any, h2o_db: str) -> None:
-    from spark_helpers import run_jsonl
+    from spark_support import run_jsonl
 
     for sql in ALLOWED_SQL:
         rows = run_jsonl(spark, catalog, h2o_db, sql)
@@ -475,7 +475,7 @@ VARIABLES_ROW = {"h": "${env:HOME}", "u": "${system:user.name}", "s": "${spark:s
 
 @pytest.mark.spark
 def test_variable_substitution_is_off_in_process(spark: Any, catalog: Any, h2o_db: str) -> None:
-    from spark_helpers import run_jsonl
+    from spark_support import run_jsonl
 
     assert run_jsonl(spark, catalog, h2o_db, VARIABLES_SQL) == [VARIABLES_ROW]
 

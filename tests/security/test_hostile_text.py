@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
-from helpers import assert_one_paragraph_error, live_chunks, run_cli
+from common_support import assert_one_paragraph_error, live_chunks, run_cli
 from iox_planner.catalog.store import Catalog
-from spark_helpers import cli
+from spark_support import cli
 
 T0 = 1_704_067_200_000_000_000  # 2024-01-01T00:00:00Z
 DAY = 86_400 * 10**9

@@ -16,7 +16,7 @@ import yaml
 
 from iox_planner.model import Chunk, ChunkKind, ColumnType, StaticSource
 
-from planner_reference import dedup_rows
+from reference_support import dedup_rows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NS_PER_DAY = 86_400 * 10**9

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
+from common_support import run_cli
 
 pytestmark = pytest.mark.spark
 

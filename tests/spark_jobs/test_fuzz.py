@@ -1,5 +1,5 @@
 """A seeded, replayable query fuzzer on real Spark and real Postgres (SQLancer-style), against the independent
-oracle of `tests/fuzz_sql.py`.
+oracle of `tests/fuzz_support.py`.
 
 Each seed builds one random scenario (overlapping ingester and Parquet chunks, NULL tags, missing columns, 1 ns
 neighbours, midnight crossings, tag values holding SQL text) and `PREDICATES_PER_SEED` random predicate trees
@@ -20,7 +20,7 @@ scenarios spend most of their time scheduling empty shuffle tasks otherwise.
 
 `IOX_FUZZ_CASES` sets the number of cases (default 64 in CI: about 80 s measured on the shared 2-core
 machine); `IOX_FUZZ_SEED` the first seed. A failure prints the seed, the run, and a scenario and SQL shrunk by
-dropping chunks, rows and predicate parts; replay it with `pytest tests/spark/test_fuzz.py -k 'seed=N'` (same
+dropping chunks, rows and predicate parts; replay it with `pytest tests/spark_jobs/test_fuzz.py -k 'seed=N'` (same
 IOX_FUZZ_SEED).
 """
 
@@ -31,10 +31,10 @@ from typing import Any, Iterator
 
 import pytest
 
-import fuzz_sql as fz
+import fuzz_support as fz
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import IoxError
-from spark_helpers import load, run_jsonl
+from spark_support import load, run_jsonl
 
 pytestmark = pytest.mark.spark
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-import fuzz_sql as fz
-from helpers import live_chunks
+import fuzz_support as fz
+from common_support import live_chunks
 from iox_planner.catalog.store import Catalog
-from spark_helpers import cli, load, run_jsonl
+from spark_support import cli, load, run_jsonl
 
 pytestmark = pytest.mark.spark
 

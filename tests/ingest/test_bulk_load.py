@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from helpers import catalog_counts
+from common_support import catalog_counts
 from iox_planner import storage
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError
 from iox_planner.ingest import bulk
 from iox_planner.maintenance.sweeps import sweep_unreferenced
-from spark_helpers import cli, run_jsonl
+from spark_support import cli, run_jsonl
 
 pytestmark = pytest.mark.spark
 

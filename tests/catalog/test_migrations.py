@@ -14,7 +14,7 @@ from iox_planner.catalog.migrations import migration_files
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError, CatalogError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_migrate_from_empty_then_rerun_applies_nothing(empty_catalog: str) -> None:

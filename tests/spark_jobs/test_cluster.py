@@ -15,9 +15,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from helpers import free_port, run_cli
+from common_support import free_port, run_cli
 from iox_planner.catalog.store import Catalog
-from spark_helpers import cli, load
+from spark_support import cli, load
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from helpers import free_port, live_chunks
+from common_support import free_port, live_chunks
 from iox_planner.catalog.store import Catalog
 from iox_planner.maintenance.compact.run import compact
 from iox_planner.maintenance.compact.settings import CompactSettings
-from spark_helpers import load, run_jsonl
+from spark_support import load, run_jsonl
 from spark_jobs.compact_job import spark_slice_runner
 
 pytestmark = pytest.mark.spark

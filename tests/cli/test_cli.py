@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_one_paragraph_error, run_cli
-from helpers import catalog_counts, warehouse_files
+from common_support import assert_one_paragraph_error, run_cli
+from common_support import catalog_counts, warehouse_files
 from iox_planner.catalog.store import Catalog
 
 T0 = 1_704_067_200_000_000_000

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from helpers import run_cli
+from common_support import run_cli
 from iox_planner.catalog.store import Catalog
-from spark_helpers import load, run_jsonl
+from spark_support import load, run_jsonl
 
 pytestmark = pytest.mark.spark
 
@@ -159,8 +159,8 @@ def test_bound_parameters(spark: Any, catalog: Catalog, db: str) -> None:
 
 def test_missing_file_names_file_and_chunk_and_writes_nothing(spark: Any, catalog: Catalog, db: str,
                                                              tmp_path: Path) -> None:
-    from helpers import live_chunks
-    from spark_helpers import warehouse_path
+    from common_support import live_chunks
+    from spark_support import warehouse_path
 
     load(catalog, db, [{"id": "GONE", "kind": "parquet", "lines": f"m,t=a v=1 {T0}"}])
     (chunk,) = live_chunks(catalog, db)
@@ -174,8 +174,8 @@ def test_missing_file_names_file_and_chunk_and_writes_nothing(spark: Any, catalo
 
 
 def test_corrupt_file_names_file_and_chunk(spark: Any, catalog: Catalog, db: str) -> None:
-    from helpers import live_chunks
-    from spark_helpers import warehouse_path
+    from common_support import live_chunks
+    from spark_support import warehouse_path
 
     load(catalog, db, [{"id": "BAD", "kind": "ingester", "lines": f"m,t=a v=1 {T0}"}])
     (chunk,) = live_chunks(catalog, db)

@@ -27,7 +27,7 @@ from iox_planner.catalog.store import Catalog, CatalogSource
 from iox_planner.errors import IoxError
 from iox_planner.model import Chunk, ChunkKind, ColumnType, NS_PREFIX, StaticSource
 from iox_planner.planner import plan_query
-from spark_helpers import load
+from spark_support import load
 
 pytestmark = pytest.mark.spark
 

@@ -1,5 +1,5 @@
 """Compaction on real Spark and real Postgres: a differential test over seeded random scenarios (queries before and
-after a hot, then a cold compaction give identical rows, and equal the independent oracle of `tests/fuzz_sql.py`),
+after a hot, then a cold compaction give identical rows, and equal the independent oracle of `tests/fuzz_support.py`),
 the order trap, slicing, the dry run, and the swap racing writes, persists, queries and a second compactor.
 
 Scenarios are batched: each of a batch's scenarios is its own table (`m0`, `m1`, ...) of one database, so one
@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
-import fuzz_sql as fz
-from helpers import live_chunks, tree_digest
+import fuzz_support as fz
+from common_support import live_chunks, tree_digest
 from iox_planner.catalog.store import Catalog
 from iox_planner.maintenance.compact.plan import PartitionPlan, dry_run
 from iox_planner.maintenance.compact.report import describe_plan
@@ -34,7 +34,7 @@ from iox_planner.maintenance.compact.settings import CompactSettings
 from iox_planner.maintenance.persist import persist
 from iox_planner.ingest.write import write_line_protocol
 from iox_planner.planner import render
-from spark_helpers import cli, load, plan, run_jsonl
+from spark_support import cli, load, plan, run_jsonl
 from spark_jobs.compact_job import spark_slice_runner
 
 pytestmark = pytest.mark.spark
@@ -142,7 +142,7 @@ def entries(scenarios: list[fz.Scenario]) -> list[dict[str, Any]]:
 # Every query runs on the optimized plan; `all` and `agg` also on the naive one (one dedup over everything, no
 # pushdown). `agg` reads fewer columns than the table has: it found dedups of different partitions that read
 # different columns being merged with the first one's columns (rows lost; fixed in spark_jobs/execute.py, see
-# tests/spark/test_wrong_rows.py::test_dedups_reading_different_columns_under_one_projection).
+# tests/spark_jobs/test_wrong_rows.py::test_dedups_reading_different_columns_under_one_projection).
 # A Spark job costs about 2 s here whatever its size, so each query covers a whole batch and there are few.
 OPTIMIZED = ("all", "nulls", "agg")
 NAIVE = ("all", "agg")

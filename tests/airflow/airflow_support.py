@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import sqlalchemy as sa
 import yaml
 
-from helpers import free_port
+from common_support import free_port
 from iox_planner.catalog.store import Catalog
 
 ROOT = Path(__file__).resolve().parents[2]

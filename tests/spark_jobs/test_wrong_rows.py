@@ -13,9 +13,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import assert_one_paragraph_error
+from common_support import assert_one_paragraph_error
 from iox_planner.catalog.store import Catalog
-from spark_helpers import cli, load, run_jsonl
+from spark_support import cli, load, run_jsonl
 
 pytestmark = pytest.mark.spark
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from helpers import assert_one_paragraph_error
+from common_support import assert_one_paragraph_error
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.scenario import load_scenario, read_scenario
-from spark_helpers import cli
+from spark_support import cli
 
 pytestmark = pytest.mark.spark
 

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import pytest
 import sqlalchemy as sa
 import yaml
-from helpers import live_chunks
+from common_support import live_chunks
 
 from iox_planner.catalog.store import Catalog
 from iox_planner.cli.main import main

@@ -12,8 +12,8 @@ from typing import Any, Iterator
 import pytest
 import sqlalchemy as sa
 import yaml
-from helpers import live_chunks
-from spark_helpers import cli, plan, run_jsonl
+from common_support import live_chunks
+from spark_support import cli, plan, run_jsonl
 
 from iox_planner.catalog.store import Catalog
 from iox_planner.cli.runner import run as run_query

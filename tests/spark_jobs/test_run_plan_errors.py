@@ -12,7 +12,7 @@ import pytest
 
 from iox_planner.errors import MAX_MESSAGE_CHARS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 PLANS: dict[str, bytes | None] = {
     "missing": None,

@@ -19,7 +19,7 @@ from iox_planner.catalog.store import Catalog
 from iox_planner.planner import PlannerSettings
 from iox_planner.planner.nodes import DeduplicateExec
 from iox_planner.timeutil import format_time
-from spark_helpers import load, plan, run_jsonl
+from spark_support import load, plan, run_jsonl
 from test_differential import _key, random_scenario, reference_rows
 
 pytestmark = pytest.mark.spark

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import pytest
 
 from iox_planner.catalog.store import Catalog
-from spark_helpers import load, run_jsonl
+from spark_support import load, run_jsonl
 
 pytestmark = pytest.mark.spark
 

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 import pytest
 
-from helpers import run_cli
+from common_support import run_cli
 from iox_planner.catalog.store import Catalog
-from spark_helpers import cli, load
+from spark_support import cli, load
 
 pytestmark = pytest.mark.spark
 

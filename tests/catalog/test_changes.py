@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from helpers import live_chunks
-from spark_helpers import cli
+from common_support import live_chunks
+from spark_support import cli
 
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest import write as ingest
