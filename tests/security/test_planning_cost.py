@@ -57,3 +57,39 @@ def test_a_type_reading_that_would_still_backtrack_is_refused_at_once(h2o_source
     elapsed, error = timed_plan(nested("struct", 40, after=" 'a'"), h2o_source)
     assert error is not None and "exponential" in str(error), str(error)
     assert elapsed < FAST_S
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The query's budget covers planning
+
+
+def and_chain(conjuncts: int) -> str:
+    return "SELECT 1 AS one FROM h2o WHERE " + " AND ".join(f"city <> 'x{i}'" for i in range(conjuncts))
+
+
+def test_planning_past_the_deadline_raises_the_budget_error(h2o_source: Any) -> None:
+    from iox_planner.errors import QueryTimeoutError
+    from iox_planner.planner.deadline import deadline
+    from iox_planner.spark.budget import timeout_error
+
+    started = time.monotonic()
+    with pytest.raises(QueryTimeoutError) as caught:
+        with deadline(0.3, lambda: timeout_error(1)):
+            plan_query(and_chain(20_000), h2o_source, now_ns=0)  # takes many seconds to plan
+    assert time.monotonic() - started < 3.0
+    assert "time budget of 1 s" in str(caught.value)
+    # The timer is disarmed on the way out: nothing fires later.
+    time.sleep(1.5)
+
+
+def test_the_cli_ends_planning_at_its_timeout_with_status_124(tmp_path: Path) -> None:
+    from common_support import assert_one_paragraph_error, run_cli
+
+    sql_file = tmp_path / "q.sql"
+    sql_file.write_text(and_chain(20_000))
+    started = time.monotonic()
+    result = run_cli("explain", "--chunks", str(H2O), "--timeout", "1", "--sql-file", str(sql_file))
+    elapsed = time.monotonic() - started
+    assert result.returncode == 124, result.stderr[-500:]
+    assert_one_paragraph_error(result, "time budget of 1 s")
+    assert elapsed < 15, elapsed  # the interpreter's start and imports, then one second of planning
