@@ -336,8 +336,8 @@ RUNNER = _declare(Choice(
     ("in-process", "spark-submit")))
 QUERY_TIMEOUT_S = _declare(Whole(
     "IOX_QUERY_TIMEOUT_S",
-    "wall-time budget of a query on Spark, in seconds; `--timeout`, a run's or a definition's `timeout_s` win "
-    "(README: Budgets)",
+    "wall-time budget of a query (planning, then Spark), in seconds; `--timeout`, a run's or a definition's "
+    "`timeout_s` win (README: Budgets)",
     3600,
     1,
     86_400))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import time
 from typing import Any, Sequence
 
 from iox_planner.errors import BadInputError
@@ -17,7 +19,17 @@ def time_range(start: str | None, end: str | None) -> tuple[int | None, int | No
     return lo, hi
 
 
-def plan_from_args(args: argparse.Namespace) -> Any:
+def plan_from_args(args: argparse.Namespace, timeout_s: int) -> Any:
+    """Plan the query the arguments describe, within the query's budget: planning past `timeout_s` ends with the
+    budget's error (exit status 124), as a Spark job past it does."""
+    from iox_planner.planner.deadline import deadline
+    from iox_planner.spark.budget import timeout_error
+
+    with deadline(timeout_s, lambda: timeout_error(timeout_s)):
+        return _plan(args)
+
+
+def _plan(args: argparse.Namespace) -> Any:
     from iox_planner.planner import PlannerSettings, plan_query
 
     settings = PlannerSettings.from_env(parse_assignments(args.settings, "--set"))
@@ -49,20 +61,25 @@ def plan_from_args(args: argparse.Namespace) -> Any:
 
 def explain(args: argparse.Namespace) -> str:
     from iox_planner.planner import render
+    from iox_planner.spark.budget import query_timeout_s
 
-    if args.timeout is not None and not args.analyze:
-        raise BadInputError("--timeout bounds running the plan; use it with --analyze (explain alone runs nothing)")
+    timeout_s = query_timeout_s(args.timeout, "--timeout")  # checked before planning: a bad value costs nothing
     if args.analyze:
         if args.chunks:
             raise BadInputError("--analyze runs the plan, which needs the data: use it with --db, not --chunks")
         if args.format != "tree":
             raise BadInputError("--analyze shows its metrics in the tree format; drop --format or use tree")
         from iox_planner.cli.runner import analyze
-        from iox_planner.spark.budget import query_timeout_s
 
-        timeout_s = query_timeout_s(args.timeout, "--timeout")  # checked before planning: a bad value costs nothing
-        return analyze(plan_from_args(args), timeout_s)
-    return str(render(plan_from_args(args), args.format))
+        started = time.monotonic()
+        plan = plan_from_args(args, timeout_s)
+        return analyze(plan, _left(timeout_s, started))
+    return str(render(plan_from_args(args, timeout_s), args.format))
+
+
+def _left(timeout_s: int, started: float) -> int:
+    """What is left of the budget once planning took its share (at least a second: planning ended in time)."""
+    return max(1, timeout_s - math.ceil(time.monotonic() - started))
 
 
 def query(args: argparse.Namespace, console: Any, err: Any) -> int:
@@ -88,8 +105,9 @@ def query(args: argparse.Namespace, console: Any, err: Any) -> int:
             raise BadInputError("--output is empty; give a file (csv, jsonl) or folder (parquet) to write, or "
                                 "leave --output out to print text formats")
         output = check_destination(args.output, folder=fmt is OutputFormat.PARQUET)
-    plan = plan_from_args(args)
-    rows = run(plan, fmt, output, sys.stdout, timeout_s=timeout_s)
+    started = time.monotonic()
+    plan = plan_from_args(args, timeout_s)
+    rows = run(plan, fmt, output, sys.stdout, timeout_s=_left(timeout_s, started))
     if output is not None:
         what = f"{rows} rows" if rows >= 0 else "result"
         console.print(f"{what} written to {output} ({fmt.value})")

@@ -315,9 +315,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_timeout(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--timeout", metavar="SECONDS",
-                   help=f"wall-time budget of {what} on Spark, whole seconds from 1 to 86400 (default "
-                        "IOX_QUERY_TIMEOUT_S, or 3600); past it the query is cancelled, nothing is published, exit "
-                        "status 124")
+                   help=f"wall-time budget of {what}, planning included, whole seconds from 1 to 86400 "
+                        "(default IOX_QUERY_TIMEOUT_S, or 3600); past it the query is cancelled, nothing is "
+                        "published, exit status 124")
 
 
 def _add_query_options(p: argparse.ArgumentParser) -> None:
@@ -421,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="plan against this scenario's chunk metadata alone (no catalog, no Spark, no data)")
     explain.add_argument("--format", choices=["tree", "yaml", "json"], default="tree")
     explain.add_argument("--analyze", action="store_true", help="run the plan and show per-node metrics")
-    _add_timeout(explain, "--analyze's run")
+    _add_timeout(explain, "planning and --analyze's run")
     _add_query_options(explain)
     explain.set_defaults(func=cmd_explain)
 

@@ -50,6 +50,8 @@ def plan(request: QueryRequest, run: RunIdentity, settings: RunSettings,
     from iox_planner.catalog.store import CatalogSource, open_catalog
     from iox_planner.output.publish import check_destination
     from iox_planner.planner import PlannerSettings, plan_query, serde
+    from iox_planner.planner.deadline import deadline
+    from iox_planner.spark.budget import timeout_error
 
     with open_catalog() as catalog:
         staging = Staging.for_run(request.output, run)
@@ -72,9 +74,11 @@ def plan(request: QueryRequest, run: RunIdentity, settings: RunSettings,
             source = CatalogSource(catalog, request.db)
             # A changes read's window is taken before any chunk list (catalog/changes.py).
             changes = source.change_window(request.changes_since) if request.changes_since is not None else None
-            query_plan = plan_query(request.sql, source, params=dict(request.args),
-                                    time_start=request.time_start, time_end=request.time_end,
-                                    settings=PlannerSettings.from_env(), changes=changes)
+            budget_s = request.budget_s()
+            with deadline(budget_s, lambda: timeout_error(budget_s)):  # planning within the run's budget too
+                query_plan = plan_query(request.sql, source, params=dict(request.args),
+                                        time_start=request.time_start, time_end=request.time_end,
+                                        settings=PlannerSettings.from_env(), changes=changes)
             runs.acquire_lock(catalog, key, run.holder, query_run=run_pk, ttl_seconds=settings.run_lock_ttl_s,
                               holder_state=holder_state)
             remove_dead_stagings(request.output, staging)
