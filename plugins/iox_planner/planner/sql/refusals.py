@@ -181,6 +181,8 @@ _SIZE_ARGUMENTS: dict[str, tuple[int, ...]] = {
     "array_insert": (1,), "format_number": (1,),
 }
 _FORMATTERS = frozenset({"format_string", "printf"})
+_MULTIPLYING = frozenset({"repeat", "array_repeat"})
+"""Calls whose result is their first argument's value that many times: nested, their counts multiply."""
 # A Java format specifier's width and precision (`%-2000000000s`, `%.9999999f`).
 _SPECIFIER = re.compile(r"%(?:\d+\$)?[-#+ 0,(<]*(\d+)?(?:\.(\d+))?[a-zA-Z%]")
 # Java's Formatter, which format_string and printf run: `%[index$][flags][width][.precision][t]conversion`.
@@ -191,7 +193,9 @@ _TIME_CONVERSIONS = set("HIklMSLNpzZsQBbhAaCYyjmdeRTrDFc")
 
 def check_allocations(statement: exp.Query, source: Source, limits: SqlLimits) -> None:
     """Calls whose size is a constant of the query stay within `IOX_MAX_SQL_ALLOC`: `repeat('x', 2147483647)`
-    would take the driver's memory before any row is read, and nothing after planning could stop it cleanly."""
+    would take the driver's memory before any row is read, and nothing after planning could stop it cleanly.
+    Repeats of repeats multiply: `repeat(repeat('x', 10000), 10000)` builds 10^8."""
+    repeats: dict[int, tuple[exp.Func, int]] = {}
     for node in statement.walk():
         if not isinstance(node, exp.Func) or CALL not in node.meta:
             continue
@@ -206,6 +210,8 @@ def check_allocations(statement: exp.Query, source: Source, limits: SqlLimits) -
             size = _constant(arguments, position)
             if size is not None and abs(size) > limits.max_alloc:
                 raise alloc_error(shown, abs(size), limits)
+            if size is not None and name in _MULTIPLYING:
+                repeats[id(node)] = (node, abs(size))
         if name in _FORMATTERS and arguments and len(arguments[0]) == 1 \
                 and arguments[0][0].token_type is TokenType.STRING:
             for width, precision in _SPECIFIER.findall(arguments[0][0].text):
@@ -220,6 +226,20 @@ def check_allocations(statement: exp.Query, source: Source, limits: SqlLimits) -
                 count = abs(stop - start) // abs(step) + 1
                 if count > limits.max_alloc:
                     raise alloc_error(shown, count, limits)
+    totals: dict[int, int] = {}
+
+    def built(node: exp.Func) -> int:
+        """What a repeat builds: its count times the most any repeat in its first argument builds."""
+        if id(node) not in totals:
+            first = node.this if isinstance(node.this, exp.Expression) else next(iter(node.expressions), None)
+            inner = [built(repeats[id(d)][0]) for d in (first.walk() if first is not None else ())
+                     if id(d) in repeats]
+            totals[id(node)] = min(repeats[id(node)][1] * max(inner, default=1), 10**40)
+        return totals[id(node)]
+
+    for node, _ in repeats.values():
+        if built(node) > limits.max_alloc:
+            raise alloc_error(f"{(call_name(node, source) or '').lower()}(...) of a repeat", built(node), limits)
 
 
 def _check_format(name: str, text: str, given: int) -> None:
@@ -268,18 +288,123 @@ def _call_arguments(source: Source, where: tuple[int, int]) -> list[list[Token]]
 
 
 def _constant(arguments: list[list[Token]], position: int) -> int | None:
-    """The integer an argument is, when it is a number literal (with an optional sign), else None."""
+    """The integer an argument is when it is a constant of number literals (`_Folder`: signs, parentheses, + - *
+    / div, casts, suffixes), else None: a size the query computes from its data is a run-time matter."""
     if position >= len(arguments):
         return None
-    tokens = arguments[position]
-    sign = 1
-    if len(tokens) == 2 and tokens[0].token_type in (TokenType.DASH, TokenType.PLUS):
-        sign = -1 if tokens[0].token_type is TokenType.DASH else 1
-        tokens = tokens[1:]
-    if len(tokens) != 1 or tokens[0].token_type is not TokenType.NUMBER:
-        return None
-    text = tokens[0].text.rstrip("LlSsYyDdFf").removesuffix("B").removesuffix("b")
+    return _Folder(arguments[position]).value()
+
+
+_CAST_WORDS = frozenset({"CAST", "TRY_CAST"})
+
+
+class _Folder:
+    """Folds one argument's tokens as Spark would compute a constant: `(2147483647)`, `2147483646 + 1`,
+    `- -n`, `2147483647L`, `2147483647::int`, `CAST('2147483647' AS INT)`. Anything else (a column, a call, a
+    string that is not a whole number) makes the whole argument unknown: None."""
+
+    def __init__(self, tokens: list[Token]) -> None:
+        self.tokens = tokens
+        self.at = 0
+
+    def value(self) -> int | None:
+        try:
+            result = self._sum()
+        except _NotConstant:
+            return None
+        return result if self.at == len(self.tokens) else None
+
+    def _peek(self) -> Token | None:
+        return self.tokens[self.at] if self.at < len(self.tokens) else None
+
+    def _take(self) -> Token:
+        token = self._peek()
+        if token is None:
+            raise _NotConstant
+        self.at += 1
+        return token
+
+    def _sum(self) -> int:
+        total = self._product()
+        while (token := self._peek()) is not None and token.token_type in (TokenType.PLUS, TokenType.DASH):
+            self.at += 1
+            right = self._product()
+            total = total + right if token.token_type is TokenType.PLUS else total - right
+        return total
+
+    def _product(self) -> int:
+        total = self._unary()
+        while (token := self._peek()) is not None and token.token_type in (TokenType.STAR, TokenType.SLASH,
+                                                                            TokenType.DIV):
+            self.at += 1
+            right = self._unary()
+            if token.token_type is TokenType.STAR:
+                total *= right
+            elif right == 0:
+                raise _NotConstant
+            else:
+                total = int(total / right)
+            if abs(total) > 10**40:  # far past every bound: no need to build bigger numbers
+                total = 10**40 if total > 0 else -10**40
+        return total
+
+    def _unary(self) -> int:
+        token = self._peek()
+        if token is not None and token.token_type in (TokenType.PLUS, TokenType.DASH):
+            self.at += 1
+            inner = self._unary()
+            return -inner if token.token_type is TokenType.DASH else inner
+        value = self._primary()
+        while (token := self._peek()) is not None and token.token_type is TokenType.DCOLON:
+            self.at += 1
+            self._type()
+        return value
+
+    def _primary(self) -> int:
+        token = self._take()
+        if token.token_type is TokenType.NUMBER:
+            return _number(token.text)
+        if token.token_type is TokenType.L_PAREN:
+            value = self._sum()
+            if self._take().token_type is not TokenType.R_PAREN:
+                raise _NotConstant
+            return value
+        if token.text.upper() in _CAST_WORDS and self._take().token_type is TokenType.L_PAREN:
+            inner = self._peek()
+            if inner is not None and inner.token_type is TokenType.STRING:
+                self.at += 1
+                value = _number(inner.text.strip())
+            else:
+                value = self._sum()
+            if self._take().token_type is not TokenType.ALIAS:
+                raise _NotConstant
+            self._type()
+            if self._take().token_type is not TokenType.R_PAREN:
+                raise _NotConstant
+            return value
+        raise _NotConstant
+
+    def _type(self) -> None:
+        """A type name, with its parameters if any (`DECIMAL(38, 0)`): what it is does not change a size's
+        magnitude enough to matter for a bound."""
+        token = self._take()
+        if token.token_type in (TokenType.L_PAREN, TokenType.R_PAREN, TokenType.COMMA):
+            raise _NotConstant
+        if (nxt := self._peek()) is not None and nxt.token_type is TokenType.L_PAREN:
+            while self._take().token_type is not TokenType.R_PAREN:
+                pass
+
+
+class _NotConstant(Exception):
+    """The argument is not a constant `_Folder` can compute."""
+
+
+def _number(text: str) -> int:
+    """A number literal's value, suffixes (`L`, `S`, `Y`, `BD`, `D`, `F`) dropped, fractions truncated."""
+    text = text.rstrip("LlSsYyDdFf").removesuffix("B").removesuffix("b")
+    if not re.fullmatch(r"[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]{1,4})?|\.[0-9]+([eE][-+]?[0-9]{1,4})?", text):
+        raise _NotConstant
     try:
-        return sign * int(float(text)) if any(c in text for c in ".eE") else sign * int(text)
-    except (ValueError, OverflowError):
-        return None
+        return int(float(text)) if any(c in text for c in ".eE") else int(text)
+    except (ValueError, OverflowError) as err:
+        raise _NotConstant from err
