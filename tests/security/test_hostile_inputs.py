@@ -62,8 +62,8 @@ def test_size_and_count_limits(db: str, tmp_path: Path, untouched: Any, monkeypa
     big = _scenario(tmp_path, "db: x\n# " + "x" * 5000 + "\nchunks: []\n", "big.yaml")
     monkeypatch.setenv("IOX_SCENARIO_MAX_BYTES", "1000")
     assert_one_paragraph_error(cli("load", big, "--db", db), "larger than 1000 bytes", "IOX_SCENARIO_MAX_BYTES")
-    # An endless "file" is read only up to the cap.
-    assert_one_paragraph_error(cli("load", "/dev/zero", "--db", db), "larger than 1000 bytes")
+    # An endless "file" is not read at all: a scenario is a regular file (tests/test_userfiles.py).
+    assert_one_paragraph_error(cli("load", "/dev/zero", "--db", db), "it is a character device")
     monkeypatch.delenv("IOX_SCENARIO_MAX_BYTES")
     chunks = "".join(f"  - {{id: C{n}, kind: ingester, lines: 'm v=1 {T0 + n}'}}\n" for n in range(4))
     many = _scenario(tmp_path, "chunks:\n" + chunks, "many.yaml")

@@ -15,6 +15,7 @@ from iox_planner.errors import BadInputError
 from iox_planner.ingest.lineprotocol import Point, parse
 from iox_planner.model import LOCAL_STORE, MAX_ORDER, TIME, Chunk, ChunkKind, ColumnType, StaticSource
 from iox_planner.timeutil import now_ns, partition_bounds, partition_of
+from iox_planner.userfiles import open_regular
 
 
 def _excerpt(value: object, size: int = 60) -> str:
@@ -56,13 +57,13 @@ class _NoAliasLoader(yaml.SafeLoader):
 
 def read_yaml(path: str | Path, what: str, *, max_bytes: int, size_note: str, max_depth: int,
               depth_note: str) -> Any:
-    """A YAML file that is hostile input (scenario files, materialized definitions): at most `max_bytes` read
-    (whatever the file, a FIFO or /dev/zero, holds), UTF-8, plain YAML types only, no anchors or aliases,
+    """A YAML file that is hostile input (scenario files, materialized definitions): a regular file (never a FIFO
+    or a device, `userfiles.open_regular`), at most `max_bytes` read, UTF-8, plain YAML types only, no anchors or aliases,
     collections nested at most `max_depth` deep. Every error is one paragraph starting with `what` and the path;
     `size_note` and `depth_note` end the errors of the two limits (which setting raises them, say)."""
     name = str(path)
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path, f"{what} {name}") as fh:
             raw = fh.read(max_bytes + 1)
         if len(raw) > max_bytes:
             raise BadInputError(f"{what} {name} is larger than {max_bytes} bytes {size_note}")
