@@ -4,6 +4,7 @@ settings, and the fan-out split of a plan."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from iox_planner.output import OutputFormat
 from iox_planner.planner import plan_query
 from iox_planner.planner.fanout import split_plan
 from iox_planner.planner.nodes import DeduplicateExec, EmptyExec
-from iox_planner.runs.definitions import load_definitions, parse_definition
+from iox_planner.runs.definitions import load_definitions, parse_definition, to_ns
+from iox_planner.runs.refresh import scheduled_intervals
 from iox_planner.runs.request import QueryRequest
 from iox_planner.runs.settings import RunSettings
 from iox_planner.timeutil import INT64_MAX, INT64_MIN
@@ -217,6 +219,22 @@ def test_a_schedule_is_five_cron_fields_or_a_preset(schedule: str) -> None:
     with pytest.raises(BadInputError, match="is not a cron expression of five fields"):
         parse_definition({**GOOD, "schedule": schedule}, "cpu.yaml")
     assert parse_definition({**GOOD, "schedule": "* * * * *"}, "cpu.yaml").cron == "* * * * *"
+
+
+@pytest.mark.parametrize(("schedule", "start"), [("0 0 30 2 *", "2024-01-01"), ("0 0 31 4 *", "2024-01-01"),
+                                                 ("15 3 31 6,9,11 *", "2024-01-01"), ("@yearly", "9999-06-01")])
+def test_a_schedule_that_never_fires_is_refused_when_the_definition_loads(schedule: str, start: str) -> None:
+    """croniter accepts these and fails only when asked for the next tick: at every status call and DAG parse."""
+    with pytest.raises(BadInputError, match=f"`schedule`: '{re.escape(schedule)}' never fires from start_date "
+                                            f"{start} on: no date before the year 10000 matches it"):
+        parse_definition({**GOOD, "schedule": schedule, "start_date": start}, "cpu.yaml")
+
+
+def test_a_schedule_that_fires_rarely_is_a_schedule() -> None:
+    leap = parse_definition({**GOOD, "schedule": "0 0 29 2 *"}, "cpu.yaml")
+    utc = dt.timezone.utc
+    assert list(scheduled_intervals(leap, dt.datetime(2029, 1, 1, tzinfo=utc))) == [
+        (to_ns(dt.datetime(2024, 2, 29, tzinfo=utc)), to_ns(dt.datetime(2028, 2, 29, tzinfo=utc)))]
 
 
 @pytest.mark.parametrize("register_as, message", [
