@@ -276,3 +276,19 @@ def test_definition_files_are_read_as_safely_as_scenario_files(tmp_path: Path) -
     (tmp_path / "ok").mkdir()
     (tmp_path / "ok" / "cpu.yaml").write_text(good)
     assert [d.name for d in load_definitions(tmp_path / "ok")] == ["cpu_hourly"]
+
+
+@pytest.mark.parametrize(("text", "key", "line", "first"), [
+    # The probe: a second `sql:` replaced the query a reader of the file sees first.
+    ("sql: SELECT 1 AS x\n", "sql", 7, 3),
+    ("register_as:\n  table: t\n  tags: [a]\n  table: u\n", "table", 10, 8),
+    ("args: {a: 1, 'a': 2}\n", "a", 7, 7),
+])
+def test_a_key_given_twice_in_a_definition_is_refused(tmp_path: Path, text: str, key: str, line: int,
+                                                      first: int) -> None:
+    good = yaml.safe_dump(GOOD, sort_keys=False)
+    assert good.count("\n") == 6 and good.splitlines()[2].startswith("sql:")
+    (tmp_path / "cpu.yaml").write_text(good + text)
+    with pytest.raises(BadInputError, match=rf"cpu.yaml: line {line}, column \d+: key '{key}' appears twice in one "
+                                            rf"mapping \(first at line {first}\); YAML allows each key once"):
+        load_definitions(tmp_path)
