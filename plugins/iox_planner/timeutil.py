@@ -24,9 +24,9 @@ TIME_RANGE = f"{FIRST_DAY}T00:00:00Z to {LAST_DAY}T23:59:59.999999999Z"
 """`TIME_MIN` to `TIME_MAX` as error messages show them."""
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
-_RFC3339 = re.compile(
-    r"^(?P<date>\d{4}-\d{2}-\d{2})(?:[Tt ](?P<h>\d{2}):(?P<m>\d{2})(?::(?P<s>\d{2})(?:\.(?P<frac>\d{1,9}))?)?"
-    r"(?P<tz>[Zz]|[+-]\d{2}:?\d{2})?)?$"
+_RFC3339 = re.compile(  # ASCII digits only: `\d` would take any script's digits, which int() then converts
+    r"^(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})(?:[Tt ](?P<h>[0-9]{2}):(?P<m>[0-9]{2})(?::(?P<s>[0-9]{2})"
+    r"(?:\.(?P<frac>[0-9]{1,9}))?)?(?P<tz>[Zz]|[+-][0-9]{2}:?[0-9]{2})?)?$"
 )
 
 
