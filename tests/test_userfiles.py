@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from helpers import assert_one_paragraph_error, run_cli
+from common_support import assert_one_paragraph_error, run_cli
 from iox_planner.errors import BadInputError
 from iox_planner.ingest import blocks, bulk
 from iox_planner.ingest.scenario import read_scenario
