@@ -21,7 +21,8 @@ from iox_planner.spark.budget import MAX_QUERY_TIMEOUT_S
 
 from iox_airflow.pipeline import query_tasks
 
-RFC3339 = r"^\d{4}-\d{2}-\d{2}([Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?([Zz]|[+-]\d{2}:?\d{2})?)?$"
+RFC3339 = (r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?"
+           r"([Zz]|[+-][0-9]{2}:?[0-9]{2})?)?$")
 
 PARAMS = {
     "db": Param(type="string", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The database to query."),

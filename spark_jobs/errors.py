@@ -30,6 +30,9 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
         raise
     except PySparkException as err:
         condition = err.getCondition() if hasattr(err, "getCondition") else None
+        too_deep = query_too_deep(str(err))
+        if too_deep is not None:
+            raise BadQueryError(f"the query failed on Spark: {too_deep}") from err
         text = _with_hint(sanitize_spark_message(str(err), plan))
         if condition and ("CANNOT_READ" in condition or "FILE" in condition or "PARQUET" in condition):
             raise CatalogError(f"reading a chunk file failed: {text}") from err
@@ -38,11 +41,53 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
         # py4j ships no type information; its error class is known by name.
         if type(err).__name__ != "Py4JJavaError" or DEBUG.read():
             raise
-        # A JVM exception PySpark does not convert: its text is "An error occurred while calling oN.x.\n:
-        # <java class>: <message>" followed by the Java stack. Keep the exception's own first line.
-        lines = [line for line in str(err).splitlines() if line.strip()]
-        java = lines[1].lstrip(": ").strip() if len(lines) > 1 else (lines[0] if lines else "")
+        java = java_message(str(err))
+        too_deep = query_too_deep(java)
+        if too_deep is not None:
+            raise BadQueryError(f"the query failed on Spark: {too_deep}") from err
         raise IoxError(f"the query failed on Spark: {_with_hint(sanitize_spark_message(java, plan))}") from err
+
+
+_CAUSED_BY = "Caused by: "
+
+
+def java_message(text: str) -> str:
+    """The first line of a JVM exception PySpark does not convert, whose text is "An error occurred while calling
+    oN.x.\n: <java class>: <message>" and the Java stack. When that line only wraps another exception (Spark's
+    "Exception thrown in awaitResult:", which says that a thread of the query failed, and nothing of why), the
+    first line of its cause instead."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    java = lines[1].lstrip(": ").strip() if len(lines) > 1 else (lines[0] if lines else "")
+    if java.endswith(":"):
+        cause = next((line.strip()[len(_CAUSED_BY):] for line in lines if line.strip().startswith(_CAUSED_BY)), "")
+        java = cause or java
+    return java
+
+
+# Spark's words for the two ways a query is too deep for it (its hints name SQL and settings iox-batch does not
+# take: `MAX RECURSION LEVEL`, a LIMIT on the CTE, `spark.sql.analyzer.maxIterations` as a session setting).
+_RECURSION = re.compile(r"\[RECURSION_(LEVEL|ROW)_LIMIT_EXCEEDED\]\D*([0-9]+)")
+_MAX_ITERATIONS = re.compile(r"Max iterations \(([0-9]+)\) reached for batch (\w+)")
+
+
+def query_too_deep(text: str) -> str | None:
+    """One paragraph saying what is wrong with the query when Spark's message (`text`) is one of its bounds on
+    depth: a WITH RECURSIVE that did not end, or a query its analyzer gave up on; else None."""
+    recursion = _RECURSION.search(text)
+    if recursion:
+        level = recursion.group(1) == "LEVEL"
+        bound, setting = ("levels", "cteRecursionLevelLimit") if level else ("rows", "cteRecursionRowLimit")
+        return (f"WITH RECURSIVE did not end: its recursive part was still producing rows after "
+                f"{int(recursion.group(2)):,} {bound}, Spark's bound on a recursive query. Give the recursive part a "
+                f"condition that stops it (WHERE n < 10); if it does end, but later, raise spark.sql.{setting} "
+                "with IOX_SPARK_CONF")
+    iterations = _MAX_ITERATIONS.search(text)
+    if iterations:
+        return (f"the query is nested too deeply for Spark's analyzer, which gave up after "
+                f"{int(iterations.group(1)):,} rounds of {iterations.group(2).lower()} (a long chain of WITH "
+                "queries or subqueries, each reading the one before, does this). Flatten the chain or split the "
+                "query; or raise spark.sql.analyzer.maxIterations with IOX_SPARK_CONF")
+    return None
 
 
 def _with_hint(text: str) -> str:

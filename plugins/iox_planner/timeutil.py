@@ -11,11 +11,22 @@ NS_PER_SECOND = 1_000_000_000
 NS_PER_DAY = 86_400 * NS_PER_SECOND
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+TIME_MIN = -(INT64_MIN // -NS_PER_DAY) * NS_PER_DAY
+"""The earliest time data may have: the first nanosecond of the first whole UTC day a signed 64-bit count of
+nanoseconds holds (1677-09-22). Data is stored in day partitions whose first and last nanosecond the catalog keeps
+as bigint (partition bounds, the write log's hours, register_as's day filters): the partial days at either end of
+int64, 1677-09-21 and 2262-04-11, have bounds no bigint holds."""
+TIME_MAX = (INT64_MAX + 1) // NS_PER_DAY * NS_PER_DAY - 1
+"""The latest time data may have: the last nanosecond of 2262-04-10, the last whole UTC day of int64."""
+FIRST_DAY, LAST_DAY = "1677-09-22", "2262-04-10"
+"""The day partitions of `TIME_MIN` and `TIME_MAX`."""
+TIME_RANGE = f"{FIRST_DAY}T00:00:00Z to {LAST_DAY}T23:59:59.999999999Z"
+"""`TIME_MIN` to `TIME_MAX` as error messages show them."""
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
-_RFC3339 = re.compile(
-    r"^(?P<date>\d{4}-\d{2}-\d{2})(?:[Tt ](?P<h>\d{2}):(?P<m>\d{2})(?::(?P<s>\d{2})(?:\.(?P<frac>\d{1,9}))?)?"
-    r"(?P<tz>[Zz]|[+-]\d{2}:?\d{2})?)?$"
+_RFC3339 = re.compile(  # ASCII digits only: `\d` would take any script's digits, which int() then converts
+    r"^(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})(?:[Tt ](?P<h>[0-9]{2}):(?P<m>[0-9]{2})(?::(?P<s>[0-9]{2})"
+    r"(?:\.(?P<frac>[0-9]{1,9}))?)?(?P<tz>[Zz]|[+-][0-9]{2}:?[0-9]{2})?)?$"
 )
 
 
@@ -26,12 +37,16 @@ def partition_of(time_ns: int) -> str:
 
 
 def partition_bounds(partition: str) -> tuple[int, int]:
-    """Inclusive nanosecond bounds `[start, end]` of a day partition."""
+    """Inclusive nanosecond bounds `[start, end]` of a day partition, a day from 1677-09-22 to 2262-04-10 (the
+    whole days of `TIME_MIN` to `TIME_MAX`)."""
     try:
         day = dt.date.fromisoformat(partition)
     except ValueError as err:
         raise BadInputError(f"partition {partition!r} is not a day in the form YYYY-MM-DD") from err
     start = (day - dt.date(1970, 1, 1)).days * NS_PER_DAY
+    if not TIME_MIN <= start <= TIME_MAX:
+        raise BadInputError(f"partition {partition!r} is outside the days data may have: {FIRST_DAY} to {LAST_DAY} "
+                            "(the whole days of a signed 64-bit count of nanoseconds)")
     return start, start + NS_PER_DAY - 1
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from common_support import assert_one_paragraph_error, run_cli
-from common_support import catalog_counts, warehouse_files
+from common_support import catalog_counts, live_chunks, warehouse_files
 from iox_planner.catalog.store import Catalog
 
 T0 = 1_704_067_200_000_000_000
@@ -110,3 +110,17 @@ def test_drop_needs_confirmation(catalog: Catalog, db: str) -> None:
     assert_one_paragraph_error(run_cli("drop", "--db", db), "--yes")
     assert run_cli("drop", "--db", db, "--yes").returncode == 0
     assert run_cli("show", "--db", db).returncode != 0
+
+
+@pytest.mark.parametrize(("flag", "value", "words"), [
+    ("--hosts", "\u0661\u0662", "argument --hosts: '\u0661\u0662' is not a whole number (digits 0-9)"),
+    ("--interval", "1e3", "argument --interval: '1e3' is not a whole number"),
+    ("--rewrite-fraction", "nan", "argument --rewrite-fraction: 'nan' is not a decimal number from 0 to 1"),
+    ("--rewrite-fraction", "\u0661", "is not a decimal number from 0 to 1"),
+])
+def test_generate_reads_numbers_in_ascii_digits_only(catalog: Catalog, db: str, flag: str, value: str,
+                                                     words: str) -> None:
+    """argparse's int and float take any script's digits (and float takes nan): every number is read by one rule."""
+    result = run_cli("generate", "--db", db, "--hours", "1", flag, value)
+    assert result.returncode == 2 and words in result.stderr, result.stderr
+    assert not live_chunks(catalog, db)

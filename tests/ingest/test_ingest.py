@@ -102,6 +102,46 @@ def test_bad_lines_reject_the_whole_write_listing_every_error(catalog: Catalog, 
     assert catalog_counts(catalog) == before_rows
 
 
+FIRST_NS = -9_223_286_400_000_000_000  # 1677-09-22T00:00:00Z, the first whole day of int64 nanoseconds
+LAST_NS = 9_223_286_399_999_999_999   # 2262-04-10T23:59:59.999999999Z, the last
+EDGE_LINES = [  # every line of the probes that ended as "bigint out of range", and the nanosecond past each bound
+    "m v=1i -9223372036854775808", "m v=1i -9223372036854775807", "m v=1i -9223372036854775000",
+    "m v=1i 9223372036854775807", "m v=1i 9223372036854775806",
+    f"m v=1i {FIRST_NS - 1}", f"m v=1i {LAST_NS + 1}",
+]
+
+
+@pytest.mark.parametrize("line", EDGE_LINES)
+def test_a_time_outside_the_stored_days_is_a_bad_line_in_writes_and_scenarios(
+        catalog: Catalog, db: str, warehouse: Path, line: str) -> None:
+    """Data lives in UTC day partitions whose first and last nanosecond the catalog stores as bigint: the partial
+    days at the ends of int64 (1677-09-21, 2262-04-11) have bounds no bigint holds."""
+    before_files, before_rows = warehouse_files(warehouse), catalog_counts(catalog)
+    with pytest.raises(BadInputError, match="line 2, column 8: timestamp .* is out of range: data may have times "
+                                            "from 1677-09-22T00:00:00Z to 2262-04-10T23:59:59.999999999Z"):
+        write(catalog, db, f"m v=1i {T0}\n{line}")
+    with pytest.raises(BadInputError, match="chunk A: field `lines`: line 2, column 8: timestamp .* out of range"):
+        load_scenario(catalog, parse_scenario({"chunks": [
+            {"id": "A", "kind": "ingester", "lines": f"m v=1i {T0}\n{line}"}]}), db)
+    assert warehouse_files(warehouse) == before_files
+    assert catalog_counts(catalog) == before_rows
+
+
+@pytest.mark.parametrize("partition", ["1677-09-21", "2262-04-11"])
+def test_a_scenario_chunk_in_a_partial_day_of_int64_is_refused(catalog: Catalog, db: str, partition: str) -> None:
+    with pytest.raises(BadInputError, match=f"chunk A: field `partition`: partition '{partition}' is outside the "
+                                            "days data may have: 1677-09-22 to 2262-04-10"):
+        parse_scenario({"chunks": [{"id": "A", "kind": "parquet", "table": "m", "partition": partition,
+                                    "columns": {"time": "time", "v": "float"}}]})
+
+
+def test_the_first_and_last_stored_nanoseconds_are_written(catalog: Catalog, db: str, warehouse: Path) -> None:
+    write(catalog, db, f"m v=1i {FIRST_NS}\nm v=2i {LAST_NS}")
+    chunks = sorted(live_chunks(catalog, db), key=lambda c: c["min_time"])
+    assert [(c["min_time"], c["max_time"]) for c in chunks] == [(FIRST_NS, FIRST_NS), (LAST_NS, LAST_NS)]
+    assert [r["time"] for c in chunks for r in read_rows(warehouse / c["path"])] == [FIRST_NS, LAST_NS]
+
+
 # --- load ---------------------------------------------------------------------------------------------------
 
 

@@ -208,10 +208,18 @@ NAMING: list[Case] = [
     ("case matters", b"m,Host=a host=1", [P("m", {"Host": "a"}, {"host": (F, 1.0)})]),
 ]
 
-# --- timestamps: an optional '-' and decimal digits, in int64 nanoseconds after scaling.
+# --- timestamps: an optional '-' and decimal digits, in nanoseconds after scaling, within the whole UTC days int64
+# holds (the reference takes all of int64; the catalog stores each day partition's bounds as bigint).
 TIMESTAMPS: list[Case] = [
     ("negative zero", b"m f=1 -0", [P("m", {}, {"f": (F, 1.0)}, 0)]),
-    ("int64 minimum", b"m f=1 -9223372036854775808", [P("m", {}, {"f": (F, 1.0)}, -(2**63))]),
+    ("int64 minimum", b"m f=1 -9223372036854775808", Err(1, 7, "out of range")),
+    ("int64 maximum", b"m f=1 9223372036854775807", Err(1, 7, "out of range")),
+    ("first nanosecond of 1677-09-22", b"m f=1 -9223286400000000000",
+     [P("m", {}, {"f": (F, 1.0)}, -9223286400000000000)]),
+    ("last nanosecond of 1677-09-21", b"m f=1 -9223286400000000001", Err(1, 7, "out of range")),
+    ("last nanosecond of 2262-04-10", b"m f=1 9223286399999999999",
+     [P("m", {}, {"f": (F, 1.0)}, 9223286399999999999)]),
+    ("first nanosecond of 2262-04-11", b"m f=1 9223286400000000000", Err(1, 7, "out of range")),
     ("one past int64", b"m f=1 9223372036854775808", Err(1, 7, "out of range")),
     ("one before int64", b"m f=1 -9223372036854775809", Err(1, 7, "out of range")),
     ("leading +", b"m f=1 +5", Err(1, 7, "timestamp")),

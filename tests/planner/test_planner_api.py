@@ -235,6 +235,7 @@ def test_predicates_round_trip_with_parentheses() -> None:
     ({"target_partitions": "999999999999999999999"}, "target_partitions takes a whole number from 1 to 10,000"),
     ({"max_dedup_time_split": "0"}, "from 1 to 100,000"),
     ({"max_parquet_fanout": "many"}, "max_parquet_fanout takes a whole number"),
+    ({"target_partitions": "\u0661\u0662"}, "target_partitions takes a whole number"),  # Arabic-Indic 12
 ])
 def test_planner_settings_are_bounded_where_they_enter(pairs: dict[str, str], needle: str) -> None:
     with pytest.raises(BadInputError, match=needle):
@@ -244,3 +245,18 @@ def test_planner_settings_are_bounded_where_they_enter(pairs: dict[str, str], ne
         PlannerSettings.from_env(environ={f"IOX_{name.upper()}": value})
     with pytest.raises(BadInputError, match="target_partitions takes a whole number from 1 to 10,000"):
         PlannerSettings(target_partitions=10**21)
+
+
+@pytest.mark.parametrize(("literal", "ascii_min"), [
+    ("TIMESTAMP '2024-01-01 00:00:0\u0661'", BASE + 10**9),
+    ("'2024-01-01T00:00:0\u0661Z'", BASE + 10**9),
+    ("DATE '2024-01-0\u0662'", BASE + 86_400 * 10**9),
+])
+def test_time_text_with_digits_of_another_script_bounds_nothing(literal: str, ascii_min: int) -> None:
+    """Spark reads only ASCII digits in a timestamp's text (`\u0661` makes no timestamp): the planner must not
+    read a time bound from it that Spark would not apply."""
+    plan = plan_query(f"SELECT city FROM h2o WHERE time >= {literal}", SOURCE, now_ns=0)
+    assert [p.time_min for p in plan.pruning] == [None]
+    ascii = literal.replace("\u0661", "1").replace("\u0662", "2")
+    assert [p.time_min for p in plan_query(f"SELECT city FROM h2o WHERE time >= {ascii}", SOURCE, now_ns=0).pruning] \
+        == [ascii_min]

@@ -4,6 +4,7 @@ settings, and the fan-out split of a plan."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from iox_planner.output import OutputFormat
 from iox_planner.planner import plan_query
 from iox_planner.planner.fanout import split_plan
 from iox_planner.planner.nodes import DeduplicateExec, EmptyExec
-from iox_planner.runs.definitions import load_definitions, parse_definition
+from iox_planner.runs.definitions import load_definitions, parse_definition, to_ns
+from iox_planner.runs.refresh import scheduled_intervals
 from iox_planner.runs.request import QueryRequest
 from iox_planner.runs.settings import RunSettings
 from iox_planner.timeutil import INT64_MAX, INT64_MIN
@@ -92,8 +94,11 @@ def test_a_run_s_budget_comes_from_its_definition_or_param_else_the_setting(
     monkeypatch.setenv("IOX_QUERY_TIMEOUT_S", "600")
     assert (own.budget_s(), default.budget_s(), triggered.budget_s()) == (1800, 600, 20)
     assert triggered.as_params()["timeout_s"] == 20 and "timeout_s" not in default.as_params()
-    for bad in (0, 86_401, 2.5, "1e21", {"s": 1}, float("nan")):
+    for bad in (0, 86_401):
         with pytest.raises(BadInputError, match="timeout_s .* is not allowed; give whole seconds from 1 to 86,400"):
+            QueryRequest.from_params({**params, "timeout_s": bad}, SETTINGS)
+    for bad in (2.5, "1e21", "60", {"s": 1}, float("nan")):
+        with pytest.raises(BadInputError, match="param 'timeout_s' must be whole seconds \\(an integer\\), not "):
             QueryRequest.from_params({**params, "timeout_s": bad}, SETTINGS)
 
 
@@ -219,6 +224,22 @@ def test_a_schedule_is_five_cron_fields_or_a_preset(schedule: str) -> None:
     assert parse_definition({**GOOD, "schedule": "* * * * *"}, "cpu.yaml").cron == "* * * * *"
 
 
+@pytest.mark.parametrize(("schedule", "start"), [("0 0 30 2 *", "2024-01-01"), ("0 0 31 4 *", "2024-01-01"),
+                                                 ("15 3 31 6,9,11 *", "2024-01-01"), ("@yearly", "9999-06-01")])
+def test_a_schedule_that_never_fires_is_refused_when_the_definition_loads(schedule: str, start: str) -> None:
+    """croniter accepts these and fails only when asked for the next tick: at every status call and DAG parse."""
+    with pytest.raises(BadInputError, match=f"`schedule`: '{re.escape(schedule)}' never fires from start_date "
+                                            f"{start} on: no date before the year 10000 matches it"):
+        parse_definition({**GOOD, "schedule": schedule, "start_date": start}, "cpu.yaml")
+
+
+def test_a_schedule_that_fires_rarely_is_a_schedule() -> None:
+    leap = parse_definition({**GOOD, "schedule": "0 0 29 2 *"}, "cpu.yaml")
+    utc = dt.timezone.utc
+    assert list(scheduled_intervals(leap, dt.datetime(2029, 1, 1, tzinfo=utc))) == [
+        (to_ns(dt.datetime(2024, 2, 29, tzinfo=utc)), to_ns(dt.datetime(2028, 2, 29, tzinfo=utc)))]
+
+
 @pytest.mark.parametrize("register_as, message", [
     ({"table": "__iox_scan_0"}, "table: measurement name '__iox_scan_0' starts with '__'"),
     ({"table": " "}, "is only whitespace"),
@@ -258,3 +279,19 @@ def test_definition_files_are_read_as_safely_as_scenario_files(tmp_path: Path) -
     (tmp_path / "ok").mkdir()
     (tmp_path / "ok" / "cpu.yaml").write_text(good)
     assert [d.name for d in load_definitions(tmp_path / "ok")] == ["cpu_hourly"]
+
+
+@pytest.mark.parametrize(("text", "key", "line", "first"), [
+    # The probe: a second `sql:` replaced the query a reader of the file sees first.
+    ("sql: SELECT 1 AS x\n", "sql", 7, 3),
+    ("register_as:\n  table: t\n  tags: [a]\n  table: u\n", "table", 10, 8),
+    ("args: {a: 1, 'a': 2}\n", "a", 7, 7),
+])
+def test_a_key_given_twice_in_a_definition_is_refused(tmp_path: Path, text: str, key: str, line: int,
+                                                      first: int) -> None:
+    good = yaml.safe_dump(GOOD, sort_keys=False)
+    assert good.count("\n") == 6 and good.splitlines()[2].startswith("sql:")
+    (tmp_path / "cpu.yaml").write_text(good + text)
+    with pytest.raises(BadInputError, match=rf"cpu.yaml: line {line}, column \d+: key '{key}' appears twice in one "
+                                            rf"mapping \(first at line {first}\); YAML allows each key once"):
+        load_definitions(tmp_path)

@@ -19,6 +19,7 @@ from iox_planner.ingest.write import write_line_protocol
 from iox_planner.runs.definitions import MaterializedQuery, parse_definition
 from iox_planner.runs.failure import fail
 from iox_planner.runs.planning import plan
+from iox_planner.runs.request import QueryRequest
 from iox_planner.runs.settings import RunSettings
 from iox_planner.runs.staging import RunIdentity, Staging
 
@@ -49,6 +50,7 @@ def _refused(catalog: Catalog, definition: MaterializedQuery, settings: RunSetti
     assert recorded is not None and recorded["status"] == "failed" and message in recorded["error"]
     assert runs.lock_holder(catalog, request.lock_key()) is None
     assert not Staging.for_run(request.output, run).root.exists() and not request.output.exists()
+    assert not request.output.parent.exists()  # `{name}/`, which the run would have made: a refused run leaves nothing
 
 
 def _planned(catalog: Catalog, definition: MaterializedQuery, settings: RunSettings) -> None:
@@ -97,3 +99,19 @@ def test_register_as_may_replace_only_what_its_own_runs_registered(catalog: Cata
     # A table no materialized query registered (registered by hand): nobody's to replace.
     register.register_interval(catalog, db, "by_hand", rows, tags=["host"], interval=(T0, T0 + DAY))
     _refused(catalog, _definition(db, "mine2", "by_hand"), settings, "was registered by no materialized query")
+
+
+@pytest.mark.parametrize("sql", ["SELECT * FROM no_such_table", "SELECT nope FROM cpu", "DELETE FROM cpu"])
+def test_a_triggered_run_refused_at_planning_leaves_no_folder(catalog: Catalog, db: str, tmp_path: Path,
+                                                             sql: str) -> None:
+    root = tmp_path / "out"
+    root.mkdir()
+    (root / "kept").mkdir()
+    settings = RunSettings(output_root=root, output_roots=(root,))
+    write_line_protocol(catalog, db, f"cpu,host=a v=1 {T0 + 1}")
+    for output in ("deep/er/x.jsonl", "kept/new/x.jsonl"):
+        request = QueryRequest.from_params({"db": db, "sql": sql, "output": output, "format": "jsonl"}, settings)
+        run = RunIdentity("iox_query", f"test__{uuid.uuid4().hex[:8]}")
+        with pytest.raises(RunFailed):
+            plan(request, run, settings)
+        assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == ["kept"]

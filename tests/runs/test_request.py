@@ -106,6 +106,10 @@ def test_a_definition_writing_outside_the_roots_fails_in_the_plan_step(catalog: 
     ({"format": ["jsonl"]}, "param 'format' must be a string, not list"),
     ({"args": {"low": float("nan")}}, "bound parameter :low is nan, which SQL has no literal for"),
     ({"args": {"low": float("-inf")}}, "bound parameter :low is -inf"),
+    ({"timeout_s": "60"}, "param 'timeout_s' must be whole seconds (an integer), not str"),
+    ({"timeout_s": "\u0661\u0662"}, "param 'timeout_s' must be whole seconds (an integer), not str"),
+    ({"timeout_s": 60.0}, "param 'timeout_s' must be whole seconds (an integer), not float"),
+    ({"timeout_s": True}, "param 'timeout_s' must be whole seconds (an integer), not bool"),
 ])
 def test_params_of_the_wrong_type_are_refused_not_turned_into_text(tmp_path: Path, change: dict[str, object],
                                                                  message: str) -> None:

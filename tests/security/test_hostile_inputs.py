@@ -58,12 +58,28 @@ def test_malformed_scenarios_are_refused_with_a_short_excerpt(db: str, tmp_path:
     untouched.check()
 
 
+@pytest.mark.parametrize(("text", "words"), [
+    ("db: a\nchunks: [{id: A, kind: ingester, lines: 'm v=1 1'}]\ndb: b\n", "line 3, column 1: key 'db' appears twice"),
+    ("chunks:\n  - id: A\n    kind: ingester\n    lines: 'm v=1 1'\n    lines: 'm v=2 1'\n",
+     "line 5, column 5: key 'lines' appears twice in one mapping (first at line 4)"),
+])
+def test_a_key_given_twice_in_a_scenario_is_refused(tmp_path: Path, text: str, words: str) -> None:
+    """PyYAML keeps the last of two equal keys silently; YAML forbids them, and the file would mean what its
+    reader does not see."""
+    from iox_planner.errors import BadInputError
+    from iox_planner.ingest.scenario import read_scenario
+
+    with pytest.raises(BadInputError) as info:
+        read_scenario(_scenario(tmp_path, text))
+    assert words in str(info.value)
+
+
 def test_size_and_count_limits(db: str, tmp_path: Path, untouched: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     big = _scenario(tmp_path, "db: x\n# " + "x" * 5000 + "\nchunks: []\n", "big.yaml")
     monkeypatch.setenv("IOX_SCENARIO_MAX_BYTES", "1000")
     assert_one_paragraph_error(cli("load", big, "--db", db), "larger than 1000 bytes", "IOX_SCENARIO_MAX_BYTES")
-    # An endless "file" is read only up to the cap.
-    assert_one_paragraph_error(cli("load", "/dev/zero", "--db", db), "larger than 1000 bytes")
+    # An endless "file" is not read at all: a scenario is a regular file (tests/test_userfiles.py).
+    assert_one_paragraph_error(cli("load", "/dev/zero", "--db", db), "it is a character device")
     monkeypatch.delenv("IOX_SCENARIO_MAX_BYTES")
     chunks = "".join(f"  - {{id: C{n}, kind: ingester, lines: 'm v=1 {T0 + n}'}}\n" for n in range(4))
     many = _scenario(tmp_path, "chunks:\n" + chunks, "many.yaml")

@@ -279,3 +279,47 @@ def test_a_committed_write_exits_0_when_its_summary_cannot_be_printed(catalog: C
     assert proc.returncode == 0, errors
     assert errors == ""
     assert [c["table_name"] for c in live_chunks(catalog, db)] == [WRITTEN, QUERIED]
+
+
+# Bidi controls reorder what follows them on screen and zero-width characters hide in names: each as its escape.
+# (character, escape) written out here, not taken from the code under test.
+INVISIBLE = [("\u202e", "\\u202e"), ("\u202a", "\\u202a"), ("\u2066", "\\u2066"), ("\u2069", "\\u2069"),
+             ("\u061c", "\\u061c"), ("\u200b", "\\u200b"), ("\u200f", "\\u200f"), ("\u2060", "\\u2060"),
+             ("\ufeff", "\\ufeff")]
+
+
+def assert_visible(text: str) -> None:
+    assert not any(raw in text for raw, _ in INVISIBLE), ascii(text[:3000])
+
+
+def test_a_table_shows_bidi_and_zero_width_characters_as_escapes() -> None:
+    """`--format table`: a value `\u202e...` would display the rest of its row right to left, its cells reordered."""
+    import pyarrow as pa
+
+    from iox_planner.output.formats import print_table
+
+    values = [f"a{raw}b" for raw, _ in INVISIBLE]
+    table = pa.table({"city\u202e": values, "n": list(range(len(values)))})
+    out = io.StringIO()
+    print_table(table, set(), out)
+    shown = out.getvalue()
+    assert_visible(shown)
+    assert "city\\u202e" in shown
+    for _, escape in INVISIBLE:
+        assert f"a{escape}b" in shown, (escape, shown)
+
+
+def test_names_with_bidi_controls_print_as_escapes_in_reports_and_errors(catalog: Catalog, db: str) -> None:
+    written = run_cli("write", "--db", db, "-", stdin=f"m\u202ex,t=\u2066a\u200bb v=1 {T0}\n")
+    assert written.returncode == 0, written.stderr
+    assert "m\\u202ex" in written.stdout
+    assert_visible(written.stdout)
+    shown = run_cli("show", "--db", db)
+    assert "m\\u202ex" in shown.stdout
+    assert_visible(shown.stdout)
+    refused = run_cli("explain", "--db", db, "SELECT nope\u200b FROM `m\u202ex`")
+    assert_one_paragraph_error(refused)
+    assert_visible(refused.stderr)
+    missing = run_cli("show", "--db", db, "nope\u2067x")
+    assert_one_paragraph_error(missing, "nope\\u2067x")
+    assert_visible(missing.stderr)

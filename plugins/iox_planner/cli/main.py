@@ -313,6 +313,25 @@ class _Parser(argparse.ArgumentParser):
         super().error(visible(clip_message(message)))
 
 
+def _whole(text: str) -> int:
+    """A flag's whole number, by the registry's one rule (ASCII digits: argparse's `int` takes any script's)."""
+    from iox_planner.config import whole_number
+
+    value = whole_number(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number (digits 0-9)")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """A share from 0 to 1 in plain decimal ASCII (argparse's `float` takes `nan`, `1e-3` and any script's digits)."""
+    import re
+
+    if not re.fullmatch(r"(0|1)?(\.[0-9]{1,9})?", text.strip()) or not text.strip().strip("."):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a decimal number from 0 to 1 (as 0.25)")
+    return float(text)
+
+
 def _add_timeout(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--timeout", metavar="SECONDS",
                    help=f"wall-time budget of {what}, planning included, whole seconds from 1 to 86400 "
@@ -380,13 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate = sub.add_parser("generate", help="write a seeded TSBS-style cpu data set (hosts x 10 s samples)")
     _add_db(generate)
-    generate.add_argument("--hosts", type=int, default=10)
-    generate.add_argument("--hours", type=int, default=24)
+    generate.add_argument("--hosts", type=_whole, default=10)
+    generate.add_argument("--hours", type=_whole, default=24)
     generate.add_argument("--start", default="2024-01-01T00:00:00Z", help="RFC 3339 (default 2024-01-01)")
-    generate.add_argument("--interval", type=int, default=10, help="seconds between samples (default 10)")
-    generate.add_argument("--rewrite-fraction", type=float, default=0.0,
+    generate.add_argument("--interval", type=_whole, default=10, help="seconds between samples (default 10)")
+    generate.add_argument("--rewrite-fraction", type=_fraction, default=0.0,
                           help="share of hours written again later, with changed and missing fields")
-    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--seed", type=_whole, default=0)
     generate.add_argument("--persist", action="store_true",
                           help="persist each regular hour as it is written (rewrites stay in the ingester)")
     generate.set_defaults(func=cmd_generate)

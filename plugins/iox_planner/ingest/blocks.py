@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import sys
-from pathlib import Path
 from typing import BinaryIO, Iterator
 
 import numpy as np
@@ -24,6 +23,7 @@ import pyarrow.compute as pc
 
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.lineprotocol import BOM, Limits, check_text, decode_utf8, skip_bom
+from iox_planner.userfiles import open_regular
 
 BLOCK_BYTES = 16 * 1024 * 1024
 _LF = 0x0A
@@ -33,14 +33,7 @@ def open_input(source: str) -> tuple[BinaryIO, str]:
     """FILE or `-` (standard input) as a binary stream, with a name for messages."""
     if source == "-":
         return sys.stdin.buffer, "standard input"
-    try:
-        return open(Path(source), "rb"), source
-    except FileNotFoundError as err:
-        raise BadInputError(f"cannot read {source}: no such file") from err
-    except IsADirectoryError as err:
-        raise BadInputError(f"cannot read {source}: it is a folder, not a file") from err
-    except PermissionError as err:
-        raise BadInputError(f"cannot read {source}: permission denied") from err
+    return open_regular(source, source), source
 
 
 class Block:

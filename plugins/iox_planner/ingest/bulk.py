@@ -61,6 +61,7 @@ from iox_planner.ingest.lineprotocol import LineError, Limits, Point, Precision,
 from iox_planner.ingest.lineprotocol.vectorized import Piece
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import now_ns, partition_of
+from iox_planner.userfiles import open_regular
 
 
 def range_bytes() -> int:
@@ -96,16 +97,12 @@ def _identity(st: os.stat_result) -> tuple[int, int, int]:
 
 def open_input(path: str | Path, pin: tuple[int, int, int]) -> BinaryIO:
     """`path` opened for reading if it is still the file `pin` (inode, size, mtime) names; else a BadInputError."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as err:
-        raise BadInputError(f"cannot read {path}: {err.strerror}; it changed while the bulk load ran") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or _identity(st) != tuple(pin):
-        os.close(fd)
+    handle = open_regular(path, str(path), follow_links=False, hint="; it changed while the bulk load ran")
+    if _identity(os.fstat(handle.fileno())) != tuple(pin):
+        handle.close()
         raise BadInputError(f"{path} changed while the bulk load ran (replaced, moved, or written to): nothing "
                             "was loaded; run the load again once its files are still")
-    return os.fdopen(fd, "rb")
+    return handle
 
 
 def _inside(fd: int, source: str, root: Path) -> Path:

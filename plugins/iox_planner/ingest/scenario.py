@@ -15,6 +15,7 @@ from iox_planner.errors import BadInputError
 from iox_planner.ingest.lineprotocol import Point, parse
 from iox_planner.model import LOCAL_STORE, MAX_ORDER, TIME, Chunk, ChunkKind, ColumnType, StaticSource
 from iox_planner.timeutil import now_ns, partition_bounds, partition_of
+from iox_planner.userfiles import open_regular
 
 
 def _excerpt(value: object, size: int = 60) -> str:
@@ -30,7 +31,9 @@ def _where(event: Any) -> str:
 
 class _NoAliasLoader(yaml.SafeLoader):
     """yaml's SafeLoader without anchors and aliases (expanded aliases are how a 'billion laughs' file of a few
-    hundred bytes becomes gigabytes) and with a bound on nesting depth. `what` names the kind of file in errors."""
+    hundred bytes becomes gigabytes), without duplicate keys (YAML forbids them; PyYAML keeps the last silently, so
+    a second `sql:` would replace the query a reader sees first) and with a bound on nesting depth. `what` names the
+    kind of file in errors."""
 
     def __init__(self, stream: str, what: str, max_depth: int, depth_note: str) -> None:
         super().__init__(stream)
@@ -53,16 +56,30 @@ class _NoAliasLoader(yaml.SafeLoader):
                 self._depth -= 1
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        first: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                continue  # a collection as a key: the constructor refuses it as unhashable
+            key = self.construct_object(key_node)
+            earlier = first.setdefault(key, key_node)
+            if earlier is not key_node:
+                raise BadInputError(
+                    f"{_where(key_node)}key {_excerpt(key)} appears twice in one mapping (first at line "
+                    f"{earlier.start_mark.line + 1}); YAML allows each key once: keep one"
+                )
+        return super().construct_mapping(node, deep)
+
 
 def read_yaml(path: str | Path, what: str, *, max_bytes: int, size_note: str, max_depth: int,
               depth_note: str) -> Any:
-    """A YAML file that is hostile input (scenario files, materialized definitions): at most `max_bytes` read
-    (whatever the file, a FIFO or /dev/zero, holds), UTF-8, plain YAML types only, no anchors or aliases,
-    collections nested at most `max_depth` deep. Every error is one paragraph starting with `what` and the path;
+    """A YAML file that is hostile input (scenario files, materialized definitions): a regular file (never a FIFO
+    or a device, `userfiles.open_regular`), at most `max_bytes` read, UTF-8, plain YAML types only, no anchors or
+    aliases, no key twice in one mapping, collections nested at most `max_depth` deep. Every error is one paragraph starting with `what` and the path;
     `size_note` and `depth_note` end the errors of the two limits (which setting raises them, say)."""
     name = str(path)
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path, f"{what} {name}") as fh:
             raw = fh.read(max_bytes + 1)
         if len(raw) > max_bytes:
             raise BadInputError(f"{what} {name} is larger than {max_bytes} bytes {size_note}")

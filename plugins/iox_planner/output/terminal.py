@@ -5,7 +5,8 @@ All human output of the CLI (tables, messages, reports, progress lines) goes thr
 title and caption alike; there it reads no markup and no `:emoji:` codes and shows control characters as escapes.
 So a tag value `[/]`, an alias `[red]x[/]`, a name `:warning:` or a string field holding ESC sequences (a clear
 screen, an OSC 8 hyperlink) is printed as the characters it is: it can neither fail the rendering nor rewrite the
-user's terminal. `PlainTable` also keeps each cell on one line, so a value cannot forge rows.
+user's terminal; bidi controls and zero-width characters print as escapes too, so a value cannot reorder a row on
+screen. `PlainTable` also keeps each cell on one line, so a value cannot forge rows.
 
 A console made `best_effort` never fails its command: it reports work that is already committed, and a reader
 that went away or a terminal that cannot encode a name must not turn a committed write into a failed one
@@ -28,6 +29,12 @@ from rich.text import Text
 _NAMED = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
 _ONE_LINE = {cp: _NAMED.get(cp, f"\\x{cp:02x}") for cp in [*range(0x20), *range(0x7F, 0xA0)]}
 _ONE_LINE.update({cp: f"\\u{cp:04x}" for cp in range(0xD800, 0xE000)})
+# Characters that change how the text around them shows without being seen themselves: bidi embeddings, overrides
+# and isolates (U+202A-U+202E, U+2066-U+2069, and the Arabic letter mark U+061C) reorder what follows them, so a
+# row could display its cells in another order or a name read as another; zero-width characters (U+200B-U+200F,
+# U+2060, U+FEFF) make two different names look alike. Each is shown as its escape too.
+INVISIBLE = (0x061C, *range(0x200B, 0x2010), *range(0x202A, 0x202F), 0x2060, *range(0x2066, 0x206A), 0xFEFF)
+_ONE_LINE.update({cp: f"\\u{cp:04x}" for cp in INVISIBLE})
 # Messages and plans keep their own line breaks and indentation.
 _LINES = {cp: text for cp, text in _ONE_LINE.items() if cp not in (0x09, 0x0A)}
 
@@ -37,8 +44,8 @@ _PIPE_WIDTH = 1000
 
 
 def visible(text: str, *, one_line: bool = False) -> str:
-    """`text` with every control character (and lone surrogate) replaced by its escape; newlines and tabs kept
-    unless `one_line`."""
+    """`text` with every control character, lone surrogate, bidi control and zero-width character replaced by its
+    escape; newlines and tabs kept unless `one_line`."""
     return text.translate(_ONE_LINE if one_line else _LINES)
 
 

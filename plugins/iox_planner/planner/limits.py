@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from iox_planner import config
 from iox_planner.errors import BadInputError, BadQueryError
+from iox_planner.userfiles import open_regular
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,8 @@ def read_sql_file(path: str, limits: SqlLimits | None = None) -> str:
         if path == "-":
             data = sys.stdin.buffer.read(limits.max_bytes + 1)
         else:
-            with open(path, "rb") as handle:
+            with open_regular(path, f"the SQL file {name}", hint="; give a regular file or - for standard input") \
+                    as handle:
                 data = handle.read(limits.max_bytes + 1)
     except OSError as err:
         raise BadInputError(f"cannot read the SQL file {name}: {err.strerror or err}; give a readable file or - "

@@ -85,7 +85,7 @@ def _is_time(node: exp.Expr) -> bool:
 def _int(node: exp.Expr) -> int | None:
     while isinstance(node, exp.Paren):
         node = node.this
-    if isinstance(node, exp.Literal) and not node.is_string and re.fullmatch(r"-?\d+", str(node.this)):
+    if isinstance(node, exp.Literal) and not node.is_string and re.fullmatch(r"-?[0-9]+", str(node.this)):
         return int(str(node.this))
     if isinstance(node, exp.Neg):
         inner = _int(node.this)

@@ -10,6 +10,7 @@ sql: |                            # any SELECT; the run's data interval is appli
   FROM cpu GROUP BY hostname, date_trunc('hour', time)
 args: {}                          # optional bound parameters (:name in the SQL)
 schedule: "@hourly"               # a five-field cron expression or preset; each run covers one interval [start, end)
+                                  # (one matching no date, as `0 0 30 2 *`, is refused)
 start_date: 2024-01-01            # UTC; a date or an RFC 3339 time
 end_date: null                    # optional
 catchup: false                    # optional, default false
@@ -94,6 +95,11 @@ class MaterializedQuery:
     @property
     def cron(self) -> str:
         return SCHEDULE_PRESETS.get(self.schedule, self.schedule)
+
+    def ticks(self) -> Any:
+        """The schedule's ticks from the start date on (a tick at the start date itself included), as a croniter:
+        each interval is [tick, next tick), as Airflow's cron data interval timetable makes them."""
+        return _ticks(self.cron, self.start_date)
 
     def output_path(self, start: dt.datetime, end: dt.datetime, settings: RunSettings) -> Path:
         """The output of the interval [start, end)."""
@@ -182,6 +188,7 @@ def parse_definition(doc: Any, source: str) -> MaterializedQuery:
         raise fail("sql", "must be the text of a SELECT")
     schedule = _schedule(doc["schedule"], fail)
     start_date = _when(doc["start_date"], "start_date", fail)
+    _check_fires(schedule, start_date, fail)
     end_date = _when(doc["end_date"], "end_date", fail) if doc.get("end_date") is not None else None
     if end_date is not None and end_date <= start_date:
         raise fail("end_date", "must be after start_date")
@@ -221,6 +228,27 @@ def _schedule(value: Any, fail: Any) -> str:
     if problem is not None:
         raise fail("schedule", f"{problem}; materialized queries run on a schedule")
     return text
+
+
+def _ticks(cron: str, start_date: dt.datetime) -> Any:
+    from croniter import croniter
+
+    return croniter(cron, start_date - dt.timedelta(microseconds=1))
+
+
+def _check_fires(schedule: str, start_date: dt.datetime, fail: Any) -> None:
+    """A valid cron expression may match no date at all (`0 0 30 2 *`, the 30th of February): croniter then fails
+    looking for the next tick, at every status call and DAG parse. The first interval must exist."""
+    from croniter import CroniterBadDateError
+
+    ticks = _ticks(SCHEDULE_PRESETS.get(schedule, schedule), start_date)
+    try:
+        ticks.get_next(dt.datetime)
+        ticks.get_next(dt.datetime)
+    except (CroniterBadDateError, ValueError, OverflowError):
+        raise fail("schedule", f"{schedule[:80]!r} never fires from start_date {start_date:%Y-%m-%d} on: no date "
+                               "before the year 10000 matches it (as the 30th of February); fix the day and month "
+                               "fields or the start date") from None
 
 
 def _when(value: Any, key: str, fail: Any) -> dt.datetime:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from iox_planner.errors import BadInputError
@@ -61,15 +62,11 @@ def plan(request: QueryRequest, run: RunIdentity, settings: RunSettings,
             output=str(request.output),
         )
         key = request.lock_key()
+        created: list[Path] = []
         try:
             # Before anything touches the filesystem: the output lies under the output roots (the request may
             # come from code or a definition, not only from params checked on the way in).
             request.check_output(settings)
-            if request.definition is not None or settings.root_of(request.output) is not None:
-                # A materialization owns its output tree (interval folders appear), and IOX_OUTPUT_ROOT is ours;
-                # anywhere else the folder must exist, as for `iox-batch query --output`.
-                request.output.parent.mkdir(parents=True, exist_ok=True)
-            check_destination(request.output, folder=request.format.is_folder)
             check_register_target(catalog, request)
             source = CatalogSource(catalog, request.db)
             # A changes read's window is taken before any chunk list (catalog/changes.py).
@@ -79,6 +76,12 @@ def plan(request: QueryRequest, run: RunIdentity, settings: RunSettings,
                 query_plan = plan_query(request.sql, source, params=dict(request.args),
                                         time_start=request.time_start, time_end=request.time_end,
                                         settings=PlannerSettings.from_env(), changes=changes)
+            if request.definition is not None or settings.root_of(request.output) is not None:
+                # A materialization owns its output tree (interval folders appear), and IOX_OUTPUT_ROOT is ours;
+                # anywhere else the folder must exist, as for `iox-batch query --output`. Made only once the
+                # query planned, and removed again if the run fails here: a refused run leaves nothing.
+                created = make_folders(request.output.parent)
+            check_destination(request.output, folder=request.format.is_folder)
             runs.acquire_lock(catalog, key, run.holder, query_run=run_pk, ttl_seconds=settings.run_lock_ttl_s,
                               holder_state=holder_state)
             remove_dead_stagings(request.output, staging)
@@ -97,7 +100,37 @@ def plan(request: QueryRequest, run: RunIdentity, settings: RunSettings,
                 runs.record_changes_watermark(catalog, run_pk, changes.watermark)
             return PlanOutcome(run_pk, str(staging.root), jobs, merge, summary)
         except BaseException as err:
-            fail_run(err, "planning", catalog, run_pk, key, run, staging)
+            try:
+                fail_run(err, "planning", catalog, run_pk, key, run, staging)
+            finally:
+                remove_made_folders(created)
+
+
+def make_folders(folder: Path) -> list[Path]:
+    """`folder` with its missing parents; returns the folders this call made, outermost first (one another run
+    made meanwhile is not among them)."""
+    missing = []
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            break
+        missing.append(candidate)
+    made = []
+    for candidate in reversed(missing):
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        made.append(candidate)
+    return made
+
+
+def remove_made_folders(made: list[Path]) -> None:
+    """Undo `make_folders`, innermost first, by rmdir alone: a folder something was put in meanwhile stays."""
+    for folder in reversed(made):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def check_register_target(catalog: Any, request: QueryRequest) -> None:

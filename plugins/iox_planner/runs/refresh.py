@@ -75,10 +75,8 @@ class DefinitionStatus:
 def scheduled_intervals(definition: MaterializedQuery, now: dt.datetime) -> Iterable[tuple[int, int]]:
     """The definition's data intervals from its start date up to `now` (and its end date), as Airflow's cron data
     interval timetable makes them: [tick, next tick)."""
-    from croniter import croniter
-
     stop = min(now, definition.end_date) if definition.end_date else now
-    ticks = croniter(definition.cron, definition.start_date - dt.timedelta(microseconds=1))
+    ticks = definition.ticks()
     start = ticks.get_next(dt.datetime)
     for _ in range(MAX_SCHEDULED):
         end = ticks.get_next(dt.datetime)

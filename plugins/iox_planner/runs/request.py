@@ -110,6 +110,10 @@ class QueryRequest:
             value = params.get(name)
             if value is not None and not isinstance(value, str):
                 raise BadInputError(f"param {name!r} must be a string, not {type(value).__name__}")
+        timeout = params.get("timeout_s")
+        if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)):
+            # A number, as the DAG's param schema says: text ("60") is not read as one (nor any script's digits).
+            raise BadInputError(f"param 'timeout_s' must be whole seconds (an integer), not {type(timeout).__name__}")
         args = params.get("args") or {}
         if not isinstance(args, Mapping):
             raise BadInputError(f"param 'args' must be an object of bound parameters, not {type(args).__name__}")

@@ -13,7 +13,7 @@ from iox_planner.ingest.lineprotocol.names import Schema, commit, name_ok
 from iox_planner.ingest.lineprotocol.points import Point, Typed, new_point
 from iox_planner.ingest.lineprotocol.values import FLOAT_CHARS, is_signed_digits, parse_value
 from iox_planner.model import ColumnType
-from iox_planner.timeutil import INT64_MAX, INT64_MIN
+from iox_planner.timeutil import TIME_MAX, TIME_MIN
 
 _FLOAT = ColumnType.FLOAT
 _INTEGER = ColumnType.INTEGER
@@ -76,8 +76,8 @@ def fast_line(line: str, lineno: int, multiplier: int, default_time: int, heads:
         if not ((stamp.isdigit() and stamp.isascii()) or is_signed_digits(stamp)) or len(stamp) > 20:
             return None
         time = int(stamp) * multiplier
-        if time > INT64_MAX or time < INT64_MIN:
-            return None
+        if time > TIME_MAX or time < TIME_MIN:
+            return None  # the scanner words the error
     elif count == 2:
         head, body = parts
         time = default_time

@@ -27,7 +27,7 @@ from iox_planner.ingest.lineprotocol.points import Point
 from iox_planner.ingest.lineprotocol.precision import Precision
 from iox_planner.ingest.lineprotocol.scanner import NeedMore, slow_line
 from iox_planner.model import ColumnType
-from iox_planner.timeutil import INT64_MAX, INT64_MIN
+from iox_planner.timeutil import TIME_MAX, TIME_MIN, TIME_RANGE
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +64,8 @@ class StreamParser:
             self.precision = Precision(precision)
         except ValueError:
             raise BadInputError(f"precision {precision!r} is not one of {', '.join(Precision.choices())}") from None
-        if not INT64_MIN <= default_time <= INT64_MAX:
-            raise BadInputError(f"default time {default_time} does not fit a signed 64-bit count of nanoseconds")
+        if not TIME_MIN <= default_time <= TIME_MAX:
+            raise BadInputError(f"default time {default_time} is outside the times data may have ({TIME_RANGE})")
         self.limits = Limits.from_env() if limits is None else limits
         self.default_time = default_time - default_time % self.precision.multiplier
         self.schema: Schema = {}

@@ -42,7 +42,7 @@ from iox_planner.ingest.lineprotocol.points import Point, Typed, new_point
 from iox_planner.ingest.lineprotocol.precision import Precision
 from iox_planner.ingest.lineprotocol.values import digits_value, is_signed_digits, parse_value
 from iox_planner.model import ColumnType
-from iox_planner.timeutil import INT64_MAX, INT64_MIN
+from iox_planner.timeutil import TIME_MAX, TIME_MIN, TIME_RANGE
 
 _STRING = ColumnType.STRING
 _TAG = ColumnType.TAG
@@ -299,9 +299,9 @@ def _scan_entry(entry: _Entry, precision: Precision, schema: Schema, lim: Limits
             raise BadLine(tpos, f"invalid timestamp {q(tok)}: expected an integer number of {precision.unit} since "
                           "1970-01-01T00:00:00Z, or nothing")
         time = digits_value(tok) * precision.multiplier
-        if not INT64_MIN <= time <= INT64_MAX:
-            raise BadLine(tpos, f"timestamp {q(tok)} ({precision.unit}) is out of range: it must fit a signed 64-bit "
-                          "count of nanoseconds (years 1677 to 2262)")
+        if not TIME_MIN <= time <= TIME_MAX:
+            raise BadLine(tpos, f"timestamp {q(tok)} ({precision.unit}) is out of range: data may have times from "
+                          f"{TIME_RANGE}, the whole days a signed 64-bit count of nanoseconds holds")
         while i < n and s[i] == " ":
             i += 1
         if i < n:

@@ -32,7 +32,7 @@ from iox_planner.ingest.lineprotocol.names import name_ok
 from iox_planner.ingest.lineprotocol.parser import StreamParser
 from iox_planner.ingest.lineprotocol.values import BOOLS
 from iox_planner.model import TIME, WRITE_SEQ, ColumnType
-from iox_planner.timeutil import INT64_MAX, NS_PER_DAY, partition_of
+from iox_planner.timeutil import NS_PER_DAY, TIME_MAX, TIME_MIN, partition_of
 
 _FLOAT_RE = r"^-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$"
 _INT_RE = r"^-?[0-9]{1,18}i$"
@@ -305,10 +305,10 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
         return None
     times = to_numpy(pc.cast(stamp, pa.int64()))
     multiplier = parser.precision.multiplier
-    if multiplier != 1:
-        if np.any(np.abs(times) > INT64_MAX // multiplier):
-            return None
-        times = times * multiplier
+    # Bounded in the input's unit, before scaling (a product past int64 would wrap around, not fail).
+    if np.any(times < -(-TIME_MIN // multiplier)) or np.any(times > TIME_MAX // multiplier):
+        return None  # a time out of range: the exact parser words the error
+    times = times * multiplier
 
     # Heads: few distinct ones (series), each checked once as the scalar path would.
     head_enc = pc.dictionary_encode(head)

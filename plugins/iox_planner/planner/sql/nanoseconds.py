@@ -201,7 +201,8 @@ class Nanoseconds:
         items = {p.alias_or_name: p.unalias() for p in select.selects}
         for position, ordered in enumerate(order.expressions):
             target: exp.Expr | None = ordered.this
-            if isinstance(target, exp.Literal) and not target.is_string and str(target.this).isdigit():
+            if isinstance(target, exp.Literal) and not target.is_string and str(target.this).isdigit() \
+                    and str(target.this).isascii():
                 index = int(str(target.this)) - 1
                 target = select.selects[index].unalias() if 0 <= index < len(select.selects) else None
             elif isinstance(target, exp.Column) and not target.table:

@@ -183,10 +183,11 @@ _SIZE_ARGUMENTS: dict[str, tuple[int, ...]] = {
 _FORMATTERS = frozenset({"format_string", "printf"})
 _MULTIPLYING = frozenset({"repeat", "array_repeat"})
 """Calls whose result is their first argument's value that many times: nested, their counts multiply."""
-# A Java format specifier's width and precision (`%-2000000000s`, `%.9999999f`).
-_SPECIFIER = re.compile(r"%(?:\d+\$)?[-#+ 0,(<]*(\d+)?(?:\.(\d+))?[a-zA-Z%]")
+# A Java format specifier's width and precision (`%-2000000000s`, `%.9999999f`). Java's `\d` is ASCII only, so
+# these patterns are written with [0-9] (Python's `\d` would take any script's digits).
+_SPECIFIER = re.compile(r"%(?:[0-9]+\$)?[-#+ 0,(<]*([0-9]+)?(?:\.([0-9]+))?[a-zA-Z%]")
 # Java's Formatter, which format_string and printf run: `%[index$][flags][width][.precision][t]conversion`.
-_JAVA_SPECIFIER = re.compile(r"%(?:(\d+)\$)?([-#+ 0,(<]*)(\d+)?(?:\.\d+)?([tT])?(.?)", re.S)
+_JAVA_SPECIFIER = re.compile(r"%(?:([0-9]+)\$)?([-#+ 0,(<]*)([0-9]+)?(?:\.[0-9]+)?([tT])?(.?)", re.S)
 _CONVERSIONS = set("bBhHsScCdoxXeEfgGaA%n")
 _TIME_CONVERSIONS = set("HIklMSLNpzZsQBbhAaCYyjmdeRTrDFc")
 

@@ -71,9 +71,11 @@ _INTERVAL_US = {
     "MICROSECOND": 1, "MILLISECOND": 1_000, "SECOND": 1_000_000, "MINUTE": 60_000_000, "HOUR": 3_600_000_000,
     "DAY": 86_400_000_000, "WEEK": 7 * 86_400_000_000,
 }
-# Timestamp text Spark reads the same way we do (a strict subset of what it accepts; zone-less means UTC).
+# Timestamp text Spark reads the same way we do (a strict subset of what it accepts; zone-less means UTC). ASCII
+# digits only, as Spark reads them (`\d` would take any script's digits, which Spark reads as no timestamp).
 _TS_TEXT = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})(?:[ T](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,6}))?)?(Z|[+-]\d{2}:\d{2})?)?"
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})(?:[ T]([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]{1,6}))?)?"
+    r"(Z|[+-][0-9]{2}:[0-9]{2})?)?"
 )
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -463,7 +465,7 @@ def _parse_timestamp_us(text: str) -> int | None:
 
 
 def _parse_date_us(text: str) -> int | None:
-    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text.strip()):
+    if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text.strip()):
         return None
     return _parse_timestamp_us(text)
 
@@ -473,7 +475,7 @@ def _interval_us(node: exp.Expr) -> int | None:
         return None
     unit = node.args.get("unit")
     name = unit.name.upper().rstrip("S") if unit is not None else ""
-    if name not in _INTERVAL_US or not re.fullmatch(r"-?\d+", str(node.this.this).strip()):
+    if name not in _INTERVAL_US or not re.fullmatch(r"-?[0-9]+", str(node.this.this).strip()):
         return None
     return int(str(node.this.this).strip()) * _INTERVAL_US[name]
 
