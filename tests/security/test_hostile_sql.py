@@ -226,6 +226,16 @@ OTHER_CASES = [
     ("SELECT city FROM h2o GROUP BY city HAVING max(`session_user`) = 'root'", "session_user()"),
     ("SELECT city FROM h2o ORDER BY user", "user()"),
     ("SELECT city FROM h2o GROUP BY city HAVING max(USER) = 'root'", "user()"),
+    # pipes and FROM-first queries: sqlglot rebuilds them into shapes the edits cannot follow (probes S81-S98:
+    # a star edit inside the FROM keyword, two views swapped, internal errors)
+    ("FROM h2o |> UNION ALL (FROM h2o)", "pipe syntax"),
+    ("(FROM h2o) |> UNION ALL (FROM h2o)", "pipe syntax"),
+    ("/*abcdefgh*/FROM h2o |> UNION ALL (FROM h2o)", "pipe syntax"),
+    ("-- c\nFROM h2o |> WHERE true |> UNION ALL (FROM h2o)", "pipe syntax"),
+    ("SELECT * FROM h2o |> WHERE city = 'a'", "pipe syntax"),
+    ("FROM h2o", "no SELECT list"),
+    ("FROM h2o UNION ALL FROM h2o", "no SELECT list"),
+    ("   (FROM h2o) UNION ALL (SELECT * FROM h2o)", "no SELECT list"),
     # text that is not text
     ("SELECT city FROM h2o WHERE city = 'a\x00b'", "NUL"),
     ("SELECT city\x00 FROM h2o", "NUL"),

@@ -171,11 +171,13 @@ class Splicer:
 
     def _except(self, star: exp.Star, names: list[str]) -> Edit:
         where = span(star)
-        if where is None:
-            raise UnsupportedError("a `*` in this query cannot be located in the SQL text; list the columns")
         tokens = self.source.tokens
-        i = self.source.token_index(where[0])
-        assert i is not None
+        i = None if where is None else self.source.token_index(where[0])
+        if where is None or i is None or tokens[i].token_type is not TokenType.STAR:
+            # A star the user did not write: a query with no SELECT list (`FROM t`, `FROM t UNION ALL FROM u`)
+            # selects every column, and there is no `*` in the text to keep iox-batch's own columns off.
+            raise UnsupportedError("a query with no SELECT list (FROM t alone) reads every column, iox-batch's "
+                                   "internal ones included; write SELECT * FROM t")
         listed = ", ".join(to_sql(identifier(n)) for n in names)
         if i + 2 < len(tokens) and tokens[i + 1].token_type is TokenType.EXCEPT \
                 and tokens[i + 2].token_type is TokenType.L_PAREN:
