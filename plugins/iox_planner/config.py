@@ -623,6 +623,10 @@ def project_root() -> Path:
     """The checkout this package runs from (IOX_HOME overrides): holds catalog_sql/, dags/, spark_jobs/."""
     home = HOME.read()
     if home is not None:
+        if not (home / "catalog_sql").is_dir():
+            # Without its migrations the catalog would look up to date and every command fail on a missing table.
+            raise BadInputError(f"IOX_HOME={str(home)[:200]!r} is not an iox-batch checkout (it has no catalog_sql/ "
+                                "folder); point it at the checkout, or unset it")
         return home.resolve()
     here = Path(__file__).resolve().parents[2]
     if (here / "catalog_sql").is_dir():

@@ -124,3 +124,19 @@ def test_generate_reads_numbers_in_ascii_digits_only(catalog: Catalog, db: str, 
     result = run_cli("generate", "--db", db, "--hours", "1", flag, value)
     assert result.returncode == 2 and words in result.stderr, result.stderr
     assert not live_chunks(catalog, db)
+
+
+@pytest.mark.parametrize("setting, needle", [
+    ({"IOX_CATALOG_URL": "bogus://"}, "names the 'bogus' database system"),
+    ({"IOX_CATALOG_URL": "sqlite:///catalog.db"}, "the catalog is PostgreSQL"),
+    ({"IOX_CATALOG_URL": "postgresql+nodriver://a@b/c"}, "not one SQLAlchemy can use"),
+    ({"IOX_HOME": "/nonexistent-iox-home"}, "is not an iox-batch checkout"),
+])
+def test_a_catalog_url_or_home_that_cannot_work_is_one_paragraph(tmp_path: Path, setting: dict[str, str],
+                                                                 needle: str) -> None:
+    """Probes E26 and E28 ended as internal errors: an unknown SQLAlchemy dialect, and a home with no migrations
+    (the catalog looked up to date, then every table was missing)."""
+    result = run_cli("show", "--db", "x", env=setting)
+    assert_one_paragraph_error(result, needle)
+    assert result.returncode == 2, result.stderr
+    assert not Path("/nonexistent-iox-home").exists()

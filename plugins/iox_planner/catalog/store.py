@@ -80,7 +80,16 @@ class Catalog:
 
     def __init__(self, url: str | None = None) -> None:
         self.url = url or catalog_url()
-        self.engine: Engine = sa.create_engine(self.url, pool_pre_ping=True, future=True)
+        try:
+            parsed = sa.engine.make_url(self.url)
+            if parsed.get_backend_name() != "postgresql":
+                raise BadInputError(f"the catalog URL names the {parsed.get_backend_name()[:40]!r} database "
+                                    "system; the catalog is PostgreSQL: IOX_CATALOG_URL takes "
+                                    "postgresql://user@host:port/database")
+            self.engine: Engine = sa.create_engine(parsed, pool_pre_ping=True, future=True)
+        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ValueError) as err:
+            raise BadInputError("the catalog URL is not one SQLAlchemy can use; IOX_CATALOG_URL takes "
+                                "postgresql://user@host:port/database") from err
 
     def dispose(self) -> None:
         self.engine.dispose()
