@@ -71,7 +71,9 @@ def test_whole_numbers_follow_one_rule(setting: config.Whole) -> None:
     (config.DEBUG, "maybe", "1, true, yes or on"),
     (config.COMPACT_SCHEDULE, "* * *", "a cron expression of five fields"),
     (config.REFRESH_SCHEDULE, "* * * * * *", "a cron expression of five fields"),
-    (config.SPARK_MASTER, "local\x1b[31m", "text without control characters"),
+    (config.SPARK_MASTER, "local\x1b[31m", "`local`, `local[N]`"),
+    (config.SPARK_MASTER, "bogus", "`spark://host:port[,host:port...]`"),  # probe E33: Java's gateway error
+    (config.SPARK_CONF, "a=1\x1b[2J", "text without control characters"),
     (config.COMPACT_DATABASES, "a,\x00b", "a list separated by"),
     (config.WAREHOUSE, "/tmp/\x00x", "a path"),
 ], ids=lambda v: v.name if isinstance(v, config.Setting) else None)

@@ -162,12 +162,17 @@ class Text(Setting[str | None]):
 
     default: str = ""
     """What README shows for the default (the code decides it when the variable is unset)."""
+    pattern: str | None = None
+    """A regular expression the whole value must match, and `form` says it in words."""
+    form: str = ""
 
     def default_value(self) -> str | None:
         return None
 
     def parse(self, text: str, what: str | None = None) -> str:
         if any(ord(ch) < 32 and ch not in "\n\t" or ord(ch) == 127 for ch in text):
+            raise self.refusal(text, what)
+        if self.pattern is not None and not re.fullmatch(self.pattern, text.strip()):
             raise self.refusal(text, what)
         return text.strip()
 
@@ -177,7 +182,7 @@ class Text(Setting[str | None]):
 
     @property
     def allowed(self) -> str:
-        return "text without control characters"
+        return self.form or "text without control characters"
 
 
 @dataclass(frozen=True)
@@ -323,7 +328,10 @@ BULK_LOAD_ROOT = _declare(Folder(
 SPARK_MASTER = _declare(Text(
     "IOX_SPARK_MASTER",
     "the Spark master of every session and spark-submit",
-    "`local[*]`"))
+    "`local[*]`",
+    pattern=r"local(\[(\*|[1-9][0-9]{0,3})(,[0-9]{1,3})?\])?|spark://[A-Za-z0-9.-]+:[0-9]{1,5}(,[A-Za-z0-9.-]+:[0-9]{1,5})*"
+            r"|yarn|k8s://https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?",
+    form="`local`, `local[N]`, `local[*]`, `spark://host:port[,host:port...]`, `yarn` or `k8s://https://host:port`"))
 SPARK_CONF = _declare(Text(
     "IOX_SPARK_CONF",
     "extra Spark settings, `key=value` separated by commas, semicolons or newlines",
