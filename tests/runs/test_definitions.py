@@ -202,6 +202,8 @@ def test_every_numeric_field_is_bounded(change: dict[str, Any], message: str) ->
     ("cpu/{start[0]}.jsonl", "unknown field(s) {start[0]}"),
     ("cpu/{start:{name}}.jsonl", "{start:...}: a pattern may not hold another field"),
     ("cpu/{start:%Y}/" + "x" * 2000 + ".jsonl", "an output path template holds at most 1,024"),
+    ("../../../../tmp/escape/{start:%Y%m%d%H}.csv", "climbs out of its folder with '..'"),  # probe MD09
+    ("cpu/{start:%Y}/../../x.jsonl", "climbs out of its folder with '..'"),
 ])
 def test_an_output_template_cannot_grow_or_reach_into_values(template: str, message: str) -> None:
     with pytest.raises(BadInputError) as err:

@@ -301,6 +301,11 @@ def _check_template(template: str, fail: Any) -> None:
         raise fail("output", f"{template!r} does not render: {err}") from err
     if not rendered.strip() or rendered.endswith("/"):
         raise fail("output", f"{template!r} must name a file (csv, jsonl) or folder (parquet), not end in '/'")
+    if ".." in Path(rendered).parts:
+        # Caught where the definition enters rather than only when a run plans (probe MD09): a template that
+        # climbs out of the output root is never right.
+        raise fail("output", f"{template[:200]!r} climbs out of its folder with '..'; an output template names a "
+                             "path below the output root (IOX_OUTPUT_ROOT)")
 
 
 def _register_as(value: Any, fail: Any) -> RegisterAs | None:
