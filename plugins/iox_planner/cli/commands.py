@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import math
+import contextlib
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from iox_planner.errors import BadInputError
 from iox_planner.timeutil import check_range, parse_time
@@ -73,13 +73,27 @@ def explain(args: argparse.Namespace) -> str:
 
         started = time.monotonic()
         plan = plan_from_args(args, timeout_s)
-        return analyze(plan, _left(timeout_s, started))
+        with _whole_budget(timeout_s):
+            return analyze(plan, _left(timeout_s, started))
     return str(render(plan_from_args(args, timeout_s), args.format))
 
 
 def _left(timeout_s: int, started: float) -> int:
-    """What is left of the budget once planning took its share (at least a second: planning ended in time)."""
-    return max(1, timeout_s - math.ceil(time.monotonic() - started))
+    """What is left of the budget once planning took its share, to the nearest second (budgets are whole
+    seconds: rounding up a planning step of 0.1 s would take a whole second off the query), at least one."""
+    return max(1, round(timeout_s - (time.monotonic() - started)))
+
+
+@contextlib.contextmanager
+def _whole_budget(timeout_s: int) -> Iterator[None]:
+    """The Spark part runs on what planning left of the budget; stopped, it names the budget the user gave."""
+    from iox_planner.errors import QueryTimeoutError
+    from iox_planner.spark.budget import timeout_error
+
+    try:
+        yield
+    except QueryTimeoutError as err:
+        raise timeout_error(timeout_s) from err
 
 
 def query(args: argparse.Namespace, console: Any, err: Any) -> int:
@@ -107,7 +121,8 @@ def query(args: argparse.Namespace, console: Any, err: Any) -> int:
         output = check_destination(args.output, folder=fmt is OutputFormat.PARQUET)
     started = time.monotonic()
     plan = plan_from_args(args, timeout_s)
-    rows = run(plan, fmt, output, sys.stdout, timeout_s=_left(timeout_s, started))
+    with _whole_budget(timeout_s):
+        rows = run(plan, fmt, output, sys.stdout, timeout_s=_left(timeout_s, started))
     if output is not None:
         what = f"{rows} rows" if rows >= 0 else "result"
         console.print(f"{what} written to {output} ({fmt.value})")
