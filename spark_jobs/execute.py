@@ -350,7 +350,9 @@ def _chain_needs(chain: Sequence[PlanNode]) -> set[str] | None:
 
 def execute(spark: SparkSession, plan: QueryPlan, warehouse: Path, *, strategy: Strategy | str | None = None,
             analyze: bool = False) -> Execution:
-    """Register one view per scan tree and run the query's SQL over them."""
+    """Register one view per scan tree and run the query's SQL over them. The last gate runs first: a text it
+    refuses leaves the session as it was (no view registered, no file read)."""
+    check_plan_text(spark, plan)
     strategy = dedup_strategy(strategy)
     if analyze:
         # Per-node metrics need each node evaluated on its own; row counts do not depend on the strategy.
@@ -373,17 +375,23 @@ def register_view(df: DataFrame, view: str) -> None:
     to_view(df, time_ns_column(view)).createOrReplaceTempView(view)
 
 
+def check_plan_text(spark: SparkSession, plan: QueryPlan) -> None:
+    """The last gate on every text of the plan that Spark will run (the query, and its naming twin)."""
+    views = [scan.view for scan in plan.scans]
+    columns = {name for scan in plan.scans for name, _ in scan.columns}
+    for text in (plan.spark_sql, plan.naming_sql):
+        if text is not None:
+            check_query_text(spark, text, views, columns)
+
+
 def run_query_sql(spark: SparkSession, plan: QueryPlan) -> DataFrame:
     """The query's SQL over the registered views, once the last gate (Spark's own parser on the exact text) let
     it through. With `naming_sql`, the result's columns take the names Spark gives the query as the user wrote it
     (a pinned clock's constant would otherwise name its column)."""
-    views = [scan.view for scan in plan.scans]
-    columns = {name for scan in plan.scans for name, _ in scan.columns}
     args = dict(plan.params)
-    check_query_text(spark, plan.spark_sql, views, columns)
+    check_plan_text(spark, plan)
     result = spark.sql(plan.spark_sql, args=args) if args else spark.sql(plan.spark_sql)
     if plan.naming_sql is not None:
-        check_query_text(spark, plan.naming_sql, views, columns)
         named = spark.sql(plan.naming_sql, args=args) if args else spark.sql(plan.naming_sql)
         result = result.toDF(*named.columns)
     return result
