@@ -93,12 +93,26 @@ def check_query_text(spark: Any, text: str, views: Collection[str], columns: Col
 
 
 def _parsed(spark: Any, text: str) -> Any:
-    """Spark's unresolved plan of `text` as JSON (a parse only: nothing is resolved or run)."""
+    """Spark's unresolved plan of `text` as JSON (a parse only: nothing is resolved or run), from the parser of the
+    session that will run it: through py4j in this process's JVM, or, over Spark Connect, through the server's
+    parse plugin (`connect.parsed_plan_json`), which returns the same JSON."""
     from pyspark.errors import PySparkException
 
+    from spark_jobs.connect import is_remote, missing_plugin, parsed_plan_json, server_lost
+
     try:
+        if is_remote(spark):
+            return json.loads(parsed_plan_json(spark, text))
         plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(text)
     except PySparkException as err:
+        lost = server_lost(err)
+        if lost is not None:
+            raise lost from err
+        if missing_plugin(err):
+            raise UnsupportedError("the Spark Connect server has no iox-batch parse plugin, so the last gate cannot "
+                                   "read the query with its parser and nothing runs; start the server with "
+                                   "`iox-batch spark start` (or add spark_jobs/connect_plugin to it: ARCHITECTURE.md)"
+                                   ) from err
         from spark_jobs.errors import sanitize_spark_message
 
         raise BadQueryError(f"the query does not parse in Spark: {sanitize_spark_message(str(err))}") from err

@@ -305,7 +305,8 @@ def test_into_and_what_spark_cannot_parse_are_refused_and_write_nothing(
 # 3. The last gate on its own: what no front-end slip may send
 
 
-@pytest.mark.parametrize(("text", "needle"), [
+# Shared with the gate over Spark Connect (tests/spark/test_connect.py): the same cases on both paths.
+GATE_REFUSED = [
     ("CREATE TABLE pwned AS SELECT * FROM __iox_scan_0", "not as a read-only query"),
     ("INSERT OVERWRITE DIRECTORY '/tmp/iox_gate_pwned' SELECT 1", "not as a read-only query"),
     ("CACHE TABLE pwned AS SELECT 1", "not as a read-only query"),
@@ -333,7 +334,19 @@ def test_into_and_what_spark_cannot_parse_are_refused_and_write_nothing(
     ("SELECT current_path FROM __iox_scan_0", "CurrentPath"),  # the parser builds it: no function call to check
     ("SELECT (SELECT first(user) FROM __iox_scan_0) AS u FROM __iox_scan_0", "user()"),
     ("SELECT city FROM __iox_scan_0 o WHERE o.city <> (SELECT max(`user`) FROM __iox_scan_0)", "user()"),
-])
+]
+GATE_ALLOWED = [
+    "SELECT city FROM __iox_scan_0",
+    "WITH h2o AS (SELECT city FROM __iox_scan_0) SELECT * FROM h2o",
+    "SELECT city AS user FROM __iox_scan_0",
+    "SELECT col FROM explode(array(1, 2))",
+    "SELECT /*+ BROADCAST(a) */ a.city FROM __iox_scan_0 a",
+    "SELECT x FROM __iox_scan_0 LATERAL VIEW explode(array(1)) t AS x",
+    "WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r WHERE n < 3) SELECT n FROM r",
+]
+
+
+@pytest.mark.parametrize(("text", "needle"), GATE_REFUSED)
 def test_the_last_gate_refuses_what_is_not_a_read_only_query_over_the_views(spark: Any, text: str,
                                                                             needle: str) -> None:
     from spark_jobs.gate import check_query_text
@@ -346,15 +359,7 @@ def test_the_last_gate_refuses_what_is_not_a_read_only_query_over_the_views(spar
     assert not Path("/tmp/iox_gate_pwned").exists()
 
 
-@pytest.mark.parametrize("text", [
-    "SELECT city FROM __iox_scan_0",
-    "WITH h2o AS (SELECT city FROM __iox_scan_0) SELECT * FROM h2o",
-    "SELECT city AS user FROM __iox_scan_0",
-    "SELECT col FROM explode(array(1, 2))",
-    "SELECT /*+ BROADCAST(a) */ a.city FROM __iox_scan_0 a",
-    "SELECT x FROM __iox_scan_0 LATERAL VIEW explode(array(1)) t AS x",
-    "WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r WHERE n < 3) SELECT n FROM r",
-])
+@pytest.mark.parametrize("text", GATE_ALLOWED)
 def test_the_last_gate_lets_read_only_queries_over_the_views_through(spark: Any, text: str) -> None:
     from spark_jobs.gate import check_query_text
 

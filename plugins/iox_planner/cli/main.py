@@ -478,6 +478,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="first interval start (RFC 3339); intervals starting at or after T")
     mrun.add_argument("--to", metavar="T", required=True, help="intervals ending at or before T (RFC 3339)")
     mrun.set_defaults(func=cmd_materialized_run)
+
+    from iox_planner.cli import spark
+
+    spark.add_parser(sub, {"start": lambda a: spark.start(a, report), "stop": lambda a: spark.stop(a, report),
+                           "status": lambda a: spark.status(a, out)})
     return parser
 
 

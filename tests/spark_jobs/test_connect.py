@@ -1,0 +1,241 @@
+"""The `connect` runner (IOX_RUNNER=connect) on a real Spark Connect server and real Postgres: queries end to end
+as a user runs them (the whole `iox-batch` process), the last gate on the server's parser with the same cases as
+the in-process gate, a budget that cancels the query on the server, two queries at once, and a lost server as the
+retryable error (75).
+
+One private server for the whole run (started once, about 20 s; the test that kills it has the next test start
+another), never the project's own (`iox-batch spark start`), which a developer may be using. Skipped with the
+reason when it cannot start (no javac for the gate's plugin, say). A Connect client switches its whole Python
+process to Connect mode, so every client here is a child process: the CLI, or a small script for the gate."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from helpers import assert_one_paragraph_error, run_cli
+from iox_planner.catalog.store import Catalog
+from iox_planner.ingest.scenario import load_scenario, read_scenario
+
+pytestmark = pytest.mark.spark
+
+H2O = Path(__file__).resolve().parents[2] / "examples" / "h2o.yaml"
+QUERY = "SELECT state, city, min_temp, max_temp, area, time FROM h2o ORDER BY state, city, time"
+# Seed 001's rows, as `iox-batch query --format jsonl` prints them (tests/spark/test_e2e.py has the same).
+ROWS = [
+    {"state": "CA", "city": "SF", "min_temp": 68.4, "max_temp": 85.7, "area": 500, "time": "1970-01-01T00:00:00.0000006Z"},
+    {"state": "CA", "city": "SF", "min_temp": 68.4, "max_temp": 85.7, "area": 500,
+     "time": "1970-01-01T00:00:00.00000065Z"},
+    {"state": "CA", "city": "SJ", "min_temp": 68.5, "max_temp": 90.0, "area": None,
+     "time": "1970-01-01T00:00:00.0000006Z"},
+    {"state": "CA", "city": "SJ", "min_temp": 75.5, "max_temp": 84.08, "area": None,
+     "time": "1970-01-01T00:00:00.0000007Z"},
+    {"state": "MA", "city": "Bedford", "min_temp": None, "max_temp": 80.75, "area": 742,
+     "time": "1970-01-01T00:00:00.0000004Z"},
+    {"state": "MA", "city": "Bedford", "min_temp": None, "max_temp": 88.75, "area": 742,
+     "time": "1970-01-01T00:00:00.0000006Z"},
+    {"state": "MA", "city": "Boston", "min_temp": 65.4, "max_temp": 82.67, "area": None,
+     "time": "1970-01-01T00:00:00.0000004Z"},
+    {"state": "MA", "city": "Boston", "min_temp": 67.4, "max_temp": None, "area": None,
+     "time": "1970-01-01T00:00:00.00000055Z"},
+]
+# tests/spark/test_query_budget.py's slow but cheap query: minutes uncancelled, a few MB, cancellable per row.
+SLOW = ("SELECT max(i + j) AS m FROM (SELECT i FROM h2o LATERAL VIEW explode(sequence(1, 100000)) s AS i "
+        "DISTRIBUTE BY i) LATERAL VIEW explode(sequence(1, 100000)) t AS j")
+
+
+class Server:
+    """The tests' private Connect server, started again when a test has killed it."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.server: Any = None
+        self.proc: Any = None
+
+    def up(self) -> str:
+        from iox_planner import sparkserver
+
+        if self.proc is None or self.proc.poll() is not None:
+            self.server, self.proc = sparkserver.launch(self.log, conf={"spark.driver.memory": "1g"})
+            sparkserver.wait_until_up(self.server, self.proc)
+        return str(self.server.url())
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        from iox_planner import sparkserver
+
+        if self.proc is not None and self.proc.poll() is None:
+            sparkserver.stop_server(self.server)
+            self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp("connect") / "spark-connect.log")
+    try:
+        server.up()
+    except Exception as err:  # noqa: BLE001 - any reason it cannot start is the skip's reason
+        server.stop()
+        pytest.skip(f"a Spark Connect server could not start here: {err}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def connect(connect_server: Server, catalog_url: str) -> dict[str, str]:
+    """The environment of an `iox-batch` run on the connect runner (and the catalog of the tests)."""
+    return {"IOX_RUNNER": "connect", "IOX_SPARK_REMOTE": connect_server.up()}
+
+
+@pytest.fixture
+def h2o(catalog: Catalog, db: str) -> str:
+    load_scenario(catalog, read_scenario(H2O), db)
+    return db
+
+
+def jsonl(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_a_query_over_connect_gives_the_deduplicated_rows_in_every_format(connect: dict[str, str], h2o: str,
+                                                                          tmp_path: Path) -> None:
+    result = run_cli("query", "--db", h2o, "--format", "jsonl", QUERY, env=connect)
+    assert result.returncode == 0, result.stderr
+    assert jsonl(result.stdout) == ROWS
+
+    # Parquet is written by the server's executors, into the staging folder this process holds open.
+    result = run_cli("query", "--db", h2o, "--format", "parquet", "--output", str(tmp_path / "out"), QUERY, env=connect)
+    assert result.returncode == 0, result.stderr
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "out").sort_by([("state", "ascending"), ("city", "ascending")])
+    assert table.column("city").to_pylist() == [r["city"] for r in ROWS]
+
+    result = run_cli("explain", "--analyze", "--db", h2o, QUERY, env=connect)
+    assert result.returncode == 0, result.stderr
+    assert "metrics=[output_rows=8" in result.stdout and "analyze: 8 result rows" in result.stdout
+
+
+GATE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from spark_jobs.connect import remote_session
+    from spark_jobs.gate import check_query_text
+    spark = remote_session(sys.argv[1])
+    spark.sql("SELECT 1 AS city").createOrReplaceTempView("__iox_scan_0")
+    tables = lambda: sorted(t.name for t in spark.catalog.listTables())
+    before = tables()
+    out = []
+    for text in json.loads(sys.stdin.read()):
+        try:
+            check_query_text(spark, text, ["__iox_scan_0"], ["city"])
+            out.append([text, None, ""])
+        except Exception as err:
+            out.append([text, type(err).__name__, str(err)])
+    print(json.dumps({"results": out, "tables_changed": tables() != before}))
+""")
+
+
+def test_the_last_gate_over_connect_refuses_and_lets_through_what_it_does_in_process(connect: dict[str, str]) -> None:
+    from test_sql_fidelity import GATE_ALLOWED, GATE_REFUSED
+
+    # EXPLAIN would analyze the text, and analysis runs EXECUTE IMMEDIATE's statement: the table would exist.
+    refused = [*GATE_REFUSED, ("EXECUTE IMMEDIATE 'CREATE TABLE pwned_by_gate AS SELECT 1'", "not as a read-only")]
+    texts = [text for text, _ in refused] + GATE_ALLOWED
+    probe = subprocess.run([sys.executable, "-c", GATE_SCRIPT, connect["IOX_SPARK_REMOTE"]], input=json.dumps(texts),
+                           capture_output=True, text=True, timeout=600, env={**os.environ, **connect})
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    found = json.loads(probe.stdout.splitlines()[-1])
+    results = {text: (kind, message) for text, kind, message in found["results"]}
+    for text, needle in refused:
+        kind, message = results[text]
+        assert kind in ("UnsupportedError", "BadQueryError") and needle in message, (text, kind, message)
+    for text in GATE_ALLOWED:
+        assert results[text] == (None, ""), text
+    assert not found["tables_changed"]
+    assert not Path("/tmp/iox_gate_pwned").exists()
+
+
+def test_a_budget_cancels_the_query_on_the_server_which_serves_the_next(connect: dict[str, str], h2o: str) -> None:
+    warm = run_cli("query", "--db", h2o, "--format", "jsonl", "SELECT count(*) AS n FROM h2o", env=connect)
+    assert warm.returncode == 0 and jsonl(warm.stdout) == [{"n": 8}], warm.stderr
+    started = time.monotonic()
+    result = run_cli("query", "--db", h2o, "--timeout", "3", SLOW, env=connect)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 124, (result.stdout, result.stderr)
+    assert_one_paragraph_error(result, "time budget of 3 s")
+    assert elapsed < 3 + 20, elapsed
+    # The cancelled tasks gave their cores back: the next query answers at once, in full.
+    after = run_cli("query", "--db", h2o, "--format", "jsonl", "--timeout", "60", QUERY, env=connect)
+    assert after.returncode == 0, after.stderr
+    assert jsonl(after.stdout) == ROWS
+
+
+def test_two_queries_at_once_and_a_failing_one_leave_the_server_serving(connect: dict[str, str], h2o: str) -> None:
+    exe = Path(sys.executable).parent / "iox-batch"
+    env = {**os.environ, **connect}
+    procs = [subprocess.Popen([str(exe), "query", "--db", h2o, "--format", "jsonl", QUERY], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr
+        assert jsonl(stdout) == ROWS
+    failing = run_cli("query", "--db", h2o, "SELECT 1 / 0 AS x FROM h2o", env=connect)
+    assert failing.returncode == 2
+    assert_one_paragraph_error(failing, "DIVIDE_BY_ZERO")
+    after = run_cli("query", "--db", h2o, "--format", "jsonl", "SELECT count(*) AS n FROM h2o", env=connect)
+    assert after.returncode == 0 and jsonl(after.stdout) == [{"n": 8}], after.stderr
+
+
+def test_a_server_lost_during_a_query_or_not_there_is_the_retryable_error(connect_server: Server,
+                                                                          connect: dict[str, str], h2o: str) -> None:
+    warm = run_cli("query", "--db", h2o, "--format", "jsonl", "SELECT count(*) AS n FROM h2o", env=connect)
+    assert warm.returncode == 0, warm.stderr
+    killer = threading.Timer(4.0, connect_server.kill)
+    killer.start()
+    try:
+        result = run_cli("query", "--db", h2o, SLOW, env=connect)
+    finally:
+        killer.join()
+    assert result.returncode == 75, (result.stdout, result.stderr)
+    assert_one_paragraph_error(result, "Spark Connect server", "could not be reached or went away", "again")
+    # Nothing listens there now.
+    result = run_cli("query", "--db", h2o, "SELECT 1", env=connect)
+    assert result.returncode == 75, (result.stdout, result.stderr)
+    assert_one_paragraph_error(result, "Spark Connect server")
+
+
+def test_a_recorded_server_whose_process_is_gone_or_another_is_stale(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    from iox_planner import sparkserver
+
+    monkeypatch.setattr(sparkserver, "state_dir", lambda: tmp_path)
+    assert sparkserver.status() == (None, "stopped")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for pid in (gone.pid, os.getpid()):  # ended; alive but not a Connect server (a pid reused)
+        (tmp_path / "spark-connect.json").write_text(json.dumps(
+            {"pid": pid, "host": "127.0.0.1", "port": 1, "log_file": str(tmp_path / "log")}))
+        assert sparkserver.status()[1] == "stale"
+        assert sparkserver.stop() is not None  # forgets it, signals nothing
+        assert sparkserver.status() == (None, "stopped")
+
+
+@pytest.mark.parametrize("url", ["sc://127.0.0.1:15002/;token=x", "http://127.0.0.1:15002", "sc://a b:1",
+                                 "sc://127.0.0.1:99999", "sc://127.0.0.1"])
+def test_a_remote_that_is_not_sc_host_port_is_refused(url: str, h2o: str) -> None:
+    result = run_cli("query", "--db", h2o, "SELECT 1", env={"IOX_RUNNER": "connect", "IOX_SPARK_REMOTE": url})
+    assert result.returncode == 2
+    assert_one_paragraph_error(result, "IOX_SPARK_REMOTE", "sc://HOST:PORT")
