@@ -20,7 +20,7 @@ from iox_airflow.spark import spark_connection
 
 COMPOSE = ROOT / "docker-compose.yml"
 AIRFLOW = ("airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor")
-SPARK = ("spark-master", "spark-worker")
+SPARK = ("spark-master", "spark-worker", "spark-connect")
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +109,14 @@ def test_environment_agrees_with_the_code_and_across_services(compose: dict[str,
     scheduler_conf = env_of(services["airflow-scheduler"])["IOX_SPARK_CONF"]
     assert "spark.driver.host=airflow-scheduler" in scheduler_conf
     assert set(compose["volumes"]) == {"postgres-data", "iox-data"}
+    # The CLI in every container reaches the spark-connect service where it listens, and the image can build the
+    # server's parse plugin (a JDK, not only a JRE).
+    connect_cmd = " ".join(command_of(services["spark-connect"]))
+    assert "iox-batch spark start --host 0.0.0.0 --port 15002" in connect_cmd
+    for name in (*AIRFLOW, *SPARK):
+        env = env_of(services[name])
+        assert (env["IOX_RUNNER"], env["IOX_SPARK_REMOTE"]) == ("connect", "sc://spark-connect:15002")
+    assert "openjdk-17-jdk-headless" in services["spark-connect"]["build"]["dockerfile_inline"]
 
 
 def test_compose_validates_where_a_compose_cli_exists(tmp_path: Path) -> None:
