@@ -2,19 +2,22 @@
 (`iox_planner/sparkserver.py`) or of the one IOX_SPARK_REMOTE names.
 
 What the in-process path reaches through py4j has a Connect counterpart here: the last gate's parse (the server's
-own SQL parser, through the relation extension of `connect_plugin/ParsePlanPlugin.java`: the same plan JSON, no
-analysis), and a lost server, read as the retryable `SparkUnavailableError` (exit 75). The query budget's tags are
-`budget.py`'s.
+own SQL parser, through its gate endpoint, `connect_server.py`: the same plan JSON, no analysis; the client fails
+closed, no answer is no query), and a lost server, read as the retryable `SparkUnavailableError` (exit 75). The
+query budget's tags are `budget.py`'s.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 import warnings
 from typing import Any
 
-from iox_planner.errors import IoxError, SparkUnavailableError
+from iox_planner.errors import BadInputError, BadQueryError, IoxError, SparkUnavailableError, UnsupportedError
 from iox_planner.sparkconf import session_conf
+from iox_planner.sparkserver import GATE_MAX_BYTES, GATE_PATH, GATE_TIMEOUT_S, Remote
 
 # The client warns on standard error when it gives up; the lost server is reported in one paragraph instead.
 warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
@@ -23,6 +26,8 @@ warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
 # 10 minutes of backoff: the error is retryable by whoever runs the command, who knows whether it is worth it.
 _RETRIES = 3
 _MAX_BACKOFF_MS = 1_000
+# A plan's JSON is a few times its text; more than this is not an answer the gate gives.
+_MAX_ANSWER = 16 * GATE_MAX_BYTES
 
 
 def is_remote(spark: Any) -> bool:
@@ -42,13 +47,18 @@ def executors_share_this_machine(spark: Any) -> bool:
     return loopback and str(spark.conf.get("spark.master", "")).startswith("local")
 
 
-def remote_session(url: str) -> Any:
-    """A Spark Connect session on `url` (`sc://HOST:PORT`) with iox-batch's SQL settings set on it, each checked:
-    the server may be one iox-batch did not start, and the security settings must hold whatever it defaults to.
-    A server that does not answer is `SparkUnavailableError`."""
+_GATES: dict[int, tuple[Any, Remote]] = {}
+"""Each Connect session this process made, with its server's gate (the session is held: its id stays its own)."""
+
+
+def remote_session(remote: Remote) -> Any:
+    """A Spark Connect session on `remote.url` (`sc://HOST:PORT`) with iox-batch's SQL settings set on it, each
+    checked: the server may be one iox-batch did not start, and the security settings must hold whatever it
+    defaults to. A server that does not answer is `SparkUnavailableError`."""
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
+    url = remote.url
     spark = SparkSession.builder.remote(url).getOrCreate()
     # As session.py's: PySpark logs a failed query's context as JSON on standard error; iox-batch reports it.
     logging.getLogger("SQLQueryContextLogger").disabled = True
@@ -61,35 +71,56 @@ def remote_session(url: str) -> Any:
     except Exception as err:  # noqa: BLE001 - one paragraph for any way the server fails to answer
         raise server_lost(err, url) or IoxError(f"the Spark Connect server at {url} refused iox-batch's settings: "
                                                 f"{str(err).splitlines()[0][:300] if str(err) else err!r}") from err
+    _GATES[id(spark)] = (spark, remote)
     return spark
 
 
-def parsed_plan_json(spark: Any, text: str) -> str:
-    """The JSON of the plan the server's SQL parser builds for `text` (nothing analyzed or run); Spark's
-    ParseException when it does not parse. A server without the plugin fails: the gate never runs unchecked."""
-    from google.protobuf import any_pb2  # type: ignore[import-untyped]
-    from pyspark.sql.connect.dataframe import DataFrame
-    from pyspark.sql.connect.plan import LogicalPlan
+def gate_plan_json(spark: Any, text: str) -> str:
+    """The JSON of the plan the server's SQL parser builds for `text` (nothing analyzed or run), from its gate
+    endpoint; `BadQueryError` when it does not parse. Fails closed: a session without a known gate, a gate that
+    does not answer in time, refuses the token or answers anything but a plan, and the query does not run."""
+    entry = _GATES.get(id(spark))
+    if entry is None:
+        raise UnsupportedError("this Spark Connect session has no gate endpoint to read the query with its server's "
+                               "parser, so the query does not run; open it with spark_jobs.connect.remote_session")
+    remote = entry[1]
+    where = f"{remote.gate_host}:{remote.gate_port}"
+    data = text.encode("utf-8")
+    if len(data) > GATE_MAX_BYTES:
+        raise BadQueryError(f"the query is {len(data):,} bytes, more than the {GATE_MAX_BYTES:,} the last gate reads")
+    conn = http.client.HTTPConnection(remote.gate_host, remote.gate_port, timeout=GATE_TIMEOUT_S)
+    try:
+        conn.request("POST", GATE_PATH, body=data, headers={"Authorization": f"Bearer {remote.token}",
+                                                            "Content-Type": "text/plain; charset=utf-8"})
+        response = conn.getresponse()
+        status, body = response.status, response.read(_MAX_ANSWER + 1)
+    except (OSError, http.client.HTTPException) as err:
+        raise SparkUnavailableError(
+            f"the last gate of the Spark Connect server (its parse endpoint at {where}) did not answer "
+            f"({type(err).__name__}), so the query was not run: nothing ran and nothing was published. Run it again "
+            "once the server is up (`iox-batch spark status`; with IOX_SPARK_REMOTE, the gate listens on "
+            "IOX_SPARK_GATE_PORT, by default the Connect port + 1)") from err
+    finally:
+        conn.close()
+    if status == 401:
+        raise BadInputError(f"the last gate of the Spark Connect server at {where} refused the token, so the query "
+                            "was not run; IOX_SPARK_GATE_TOKEN must be the token the server was started with")
+    answer = _json_object(body) if len(body) <= _MAX_ANSWER else None
+    if status == 200 and answer is not None and isinstance(answer.get("plan"), str):
+        return str(answer["plan"])
+    if status == 200 and answer is not None and answer.get("error") == "parse":
+        raise BadQueryError(str(answer.get("message", "the query does not parse in Spark"))[:2000])
+    raise UnsupportedError(f"the last gate of the Spark Connect server at {where} gave no plan (HTTP {status}"
+                           f"{', ' + str(answer.get('error'))[:40] if answer else ''}), so the query was not run; "
+                           "is that address an iox-batch Spark Connect server (iox-batch spark start)?")
 
-    from iox_planner.sparkserver import PLUGIN_TYPE_URL
 
-    class ParsePlan(LogicalPlan):
-        def __init__(self) -> None:
-            super().__init__(None)
-
-        def plan(self, session: Any) -> Any:
-            relation = self._create_proto_relation()
-            relation.extension.CopyFrom(any_pb2.Any(type_url=PLUGIN_TYPE_URL, value=text.encode("utf-8")))
-            return relation
-
-    rows = DataFrame(ParsePlan(), spark).collect()
-    return str(rows[0][0])
-
-
-def missing_plugin(err: BaseException) -> bool:
-    """The server does not know the parse plugin's relation (a server iox-batch did not start)."""
-    return "extension" in str(err).lower() and ("not supported" in str(err).lower() or
-                                                "UNSUPPORTED" in str(err) or "unknown" in str(err).lower())
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def server_lost(err: BaseException, url: str | None = None) -> SparkUnavailableError | None:

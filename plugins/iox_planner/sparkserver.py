@@ -1,46 +1,52 @@
 """The project's own Spark Connect server, managed as its local Postgres is (`catalog/localpg.py`): started by
 `iox-batch spark start` or on demand by the `connect` runner, reused while it answers, found through a state file
-(`.iox/spark-connect.json`: pid, address, port, log), stopped by `iox-batch spark stop`. A file lock stops two
-starts racing; a state file whose process is gone (or is no longer this server) is stale and replaced.
+(`.iox/spark-connect.json`, mode 0600: pid, address, ports, log, the gate's token), stopped by `iox-batch spark
+stop`. A file lock stops two starts racing; a state file whose process is gone (or is no longer this server) is
+stale and replaced.
 
-The server is pyspark's own (`spark-submit --class SparkConnectServer`, no daemon script), in its own process
-group so a stop reaches its Python workers too, bound to 127.0.0.1 unless told otherwise, its workers in this
-virtualenv (`sparkconf.spark_env`), with the settings of every iox-batch session (`sparkconf.session_conf`) and
-the gate's parse plugin (`spark_jobs/connect_plugin/`, built here into a jar with javac). Imports no pyspark.
+The server is one Python process (`spark_jobs/connect_server.py`): a SparkSession whose JVM runs Spark's Connect
+plugin, and beside it the last gate's parse endpoint, which answers only with this token. It runs in its own process
+group (a stop reaches its JVM and Python workers), bound to 127.0.0.1 unless told otherwise, its workers in this
+virtualenv (`sparkconf.spark_env`), with the settings of every iox-batch session (`sparkconf.session_conf`).
+Another server (IOX_SPARK_REMOTE) is one started the same way elsewhere: its gate's port and token come from
+IOX_SPARK_GATE_PORT and IOX_SPARK_GATE_TOKEN. Imports no pyspark.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import os
 import re
-import shutil
+import secrets
 import signal
 import socket
 import subprocess
-import tempfile
+import sys
 import time
-import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from filelock import FileLock
 
-from iox_planner.config import project_root, state_dir
-from iox_planner.errors import BadInputError, IoxError, SparkUnavailableError
-from iox_planner.sparkconf import session_conf, spark_env, spark_master
+from iox_planner.config import state_dir
+from iox_planner.errors import BadInputError, SparkUnavailableError
+from iox_planner.sparkconf import spark_env
 
 REMOTE_ENV = "IOX_SPARK_REMOTE"
-SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-PLUGIN_CLASS = "iox.ParsePlanPlugin"
-PLUGIN_TYPE_URL = "type.googleapis.com/iox.ParsePlan"
+GATE_PORT_ENV = "IOX_SPARK_GATE_PORT"
+GATE_TOKEN_ENV = "IOX_SPARK_GATE_TOKEN"
+SERVER_MODULE = "spark_jobs.connect_server"
+GATE_PATH = "/parse"
+GATE_MAX_BYTES = 4 * 1_048_576
+"""The largest text the gate reads: four times the planner's IOX_MAX_SQL_BYTES default, room for its edits."""
+GATE_TIMEOUT_S = 30.0
+"""How long the client waits on the gate: a parse takes milliseconds; a server that does not answer is refused."""
 START_TIMEOUT_S = 180
 """How long a start may take to answer: about 20 s here under load; a JVM still silent after this is wedged."""
 STOP_GRACE_S = 15
 """After SIGTERM (the JVM's shutdown hooks remove Spark's temporary folders), how long before SIGKILL."""
+_MIN_TOKEN = 32
 
 _REMOTE = re.compile(r"sc://(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):"
                      r"(?P<port>[0-9]{1,5})/?")
@@ -51,6 +57,8 @@ class ConnectServer:
     pid: int
     host: str
     port: int
+    gate_port: int
+    token: str
     log_file: str
 
     def reach(self) -> str:
@@ -60,25 +68,65 @@ class ConnectServer:
     def url(self) -> str:
         return f"sc://{self.reach()}:{self.port}"
 
+    def remote(self) -> Remote:
+        return Remote(self.url(), self.reach(), self.gate_port, self.token)
 
-def check_remote(url: str, what: str = REMOTE_ENV) -> str:
-    """`url` if it is `sc://HOST:PORT` (a name or address and a port from 1 to 65535), else a one-paragraph error.
-    Nothing else is allowed in it: Spark Connect reads `;key=value` parameters (a token, TLS, a user id) from the
-    URL, which are a deployment's business, not a setting to pass through unread."""
+
+@dataclass(frozen=True)
+class Remote:
+    """Where a `connect` session goes: the Spark Connect address, and the gate's host, port and token."""
+
+    url: str
+    gate_host: str
+    gate_port: int
+    token: str
+
+    def __repr__(self) -> str:  # never the token, in a traceback or a log
+        return f"Remote({self.url!r}, gate {self.gate_host}:{self.gate_port})"
+
+
+def check_remote(url: str, what: str = REMOTE_ENV) -> tuple[str, int]:
+    """The host and port of `url` if it is `sc://HOST:PORT` (a name or address and a port from 1 to 65535), else a
+    one-paragraph error. Nothing else is allowed in it: Spark Connect reads `;key=value` parameters (a token, TLS, a
+    user id) from the URL, which are a deployment's business, not a setting to pass through unread."""
     found = _REMOTE.fullmatch(url.strip())
     if found is None or not 1 <= int(found.group("port")) <= 65535:
         raise BadInputError(f"{what}={url[:80]!r} is not a Spark Connect address; give sc://HOST:PORT (for example "
                             "sc://127.0.0.1:15002), or unset it to use the project's own server (iox-batch spark "
                             "start)")
-    return f"sc://{found.group('host')}:{int(found.group('port'))}"
+    return found.group("host"), int(found.group("port"))
 
 
-def remote_url() -> str:
-    """IOX_SPARK_REMOTE, else the project's own server (started on demand and reused)."""
+def check_token(token: str, what: str = GATE_TOKEN_ENV) -> str:
+    """`token` if it is at least 32 printable ASCII characters without spaces (it travels in an HTTP header)."""
+    if len(token) < _MIN_TOKEN or len(token) > 512 or not all(33 <= ord(c) < 127 for c in token):
+        raise BadInputError(f"{what} is not a usable gate token; set {_MIN_TOKEN} or more printable ASCII characters "
+                            "without spaces (for example the output of `openssl rand -hex 32`), the same for the "
+                            "server and its clients")
+    return token
+
+
+def remote() -> Remote:
+    """IOX_SPARK_REMOTE (its gate on the same host, IOX_SPARK_GATE_PORT or the Connect port + 1, with
+    IOX_SPARK_GATE_TOKEN), else the project's own server (started on demand and reused)."""
     env = os.environ.get(REMOTE_ENV, "").strip()
-    if env:
-        return check_remote(env)
-    return ensure_running().url()
+    if not env:
+        return ensure_running().remote()
+    host, port = check_remote(env)
+    token = os.environ.get(GATE_TOKEN_ENV, "")
+    if not token:
+        raise BadInputError(f"{REMOTE_ENV} names a Spark Connect server but {GATE_TOKEN_ENV} is not set: the last gate "
+                            "reads each query with that server's parser through its gate endpoint, which answers "
+                            "only with the token its server was started with; set it, or unset "
+                            f"{REMOTE_ENV} to use the project's own server")
+    gate_port = _port(os.environ.get(GATE_PORT_ENV, "").strip() or str(port + 1), GATE_PORT_ENV)
+    return Remote(f"sc://{host}:{port}", host.strip("[]"), gate_port, check_token(token))
+
+
+def _port(text: str, what: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise BadInputError(f"{what}={text[:40]!r} is not a port; give one from 1 to 65535")
+    return int(text)
 
 
 # --- state -----------------------------------------------------------------------------------------------------
@@ -99,6 +147,16 @@ def _recorded() -> ConnectServer | None:
         return None
 
 
+def _record(server: ConnectServer) -> None:
+    """The state file, readable by this user only (it holds the gate's token), replaced whole."""
+    staged = _state_file().with_suffix(".tmp")
+    staged.unlink(missing_ok=True)
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(asdict(server)))
+    os.replace(staged, _state_file())
+
+
 def _is_ours(pid: int) -> bool:
     """`pid` runs (not a zombie) and is a Spark Connect server: a pid reused by another process is not ours."""
     try:
@@ -106,15 +164,18 @@ def _is_ours(pid: int) -> bool:
         cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
     except OSError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z" and SERVER_CLASS.encode() in cmdline
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" and SERVER_MODULE.encode() in cmdline.split(b"\0")
 
 
 def _answers(server: ConnectServer) -> bool:
-    try:
-        with socket.create_connection((server.reach(), server.port), timeout=0.5):
-            return True
-    except OSError:
-        return False
+    """Both ports accept a connection (the gate opens only once the session, and Connect with it, is up)."""
+    for port in (server.port, server.gate_port):
+        try:
+            with socket.create_connection((server.reach(), port), timeout=0.5):
+                pass
+        except OSError:
+            return False
+    return True
 
 
 def status() -> tuple[ConnectServer | None, str]:
@@ -141,14 +202,18 @@ def ensure_running() -> ConnectServer:
 
 def start(port: int | None = None, host: str = "127.0.0.1", conf: Mapping[str, str] | None = None) -> ConnectServer:
     """Start the project's Spark Connect server, or return the one already running (idempotent: `port`, `host` and
-    `conf` apply to a new start only). A stale record (its process gone) is replaced. Waits until it answers."""
+    `conf` apply to a new start only). A stale record (its process gone) is replaced. Waits until it answers.
+    The gate's token is IOX_SPARK_GATE_TOKEN when set (a deployment whose clients are elsewhere shares it), else
+    a new random one, known only through the state file."""
     with _lock():
         server, state = status()
         if server is not None and state in ("running", "starting"):
             return _wait(server, None)
         _state_file().unlink(missing_ok=True)
-        server, proc = launch(state_dir() / "spark-connect.log", port, host, conf)
-        _state_file().write_text(json.dumps(asdict(server)))
+        token = os.environ.get(GATE_TOKEN_ENV, "")
+        server, proc = launch(state_dir() / "spark-connect.log", port, host, conf,
+                              token=check_token(token) if token else None)
+        _record(server)
         try:
             return _wait(server, proc)
         except BaseException:
@@ -157,18 +222,22 @@ def start(port: int | None = None, host: str = "127.0.0.1", conf: Mapping[str, s
             raise
 
 
-def launch(log: Path, port: int | None = None, host: str = "127.0.0.1",
-           conf: Mapping[str, str] | None = None) -> tuple[ConnectServer, subprocess.Popen[bytes]]:
+def launch(log: Path, port: int | None = None, host: str = "127.0.0.1", conf: Mapping[str, str] | None = None,
+           token: str | None = None) -> tuple[ConnectServer, subprocess.Popen[bytes]]:
     """Start a Connect server process in a process group of its own, its output appended to `log`; nothing
-    recorded, not waited for (`start` does both; a test starts a private server it may kill with this)."""
-    jar = plugin_jar()
+    recorded, not waited for (`start` does both; a test starts a private server it may kill with this). The gate
+    listens on `port` + 1 when `port` is given (what IOX_SPARK_GATE_PORT defaults to), else on a free port."""
     chosen = port or _free_port(host)
-    env = {**os.environ, **spark_env()}
-    env.setdefault("SPARK_LOG_DIR", str(log.parent))
+    gate_port = chosen + 1 if port else _free_port(host, avoid=chosen)
+    token = token or secrets.token_hex(32)
+    # The token reaches the server in its environment (a command line is readable by every user of the machine);
+    # the server takes it out before its JVM starts.
+    env = {**os.environ, **spark_env(), GATE_TOKEN_ENV: token}
     with open(log, "ab") as sink:
-        proc = subprocess.Popen(server_command(jar, chosen, host, conf), stdin=subprocess.DEVNULL, stdout=sink,
-                                stderr=subprocess.STDOUT, env=env, cwd=str(log.parent), start_new_session=True)
-    return ConnectServer(proc.pid, host, chosen, str(log)), proc
+        proc = subprocess.Popen(server_command(chosen, gate_port, host, conf), stdin=subprocess.DEVNULL,
+                                stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=str(log.parent),
+                                start_new_session=True)
+    return ConnectServer(proc.pid, host, chosen, gate_port, token, str(log)), proc
 
 
 def wait_until_up(server: ConnectServer, proc: subprocess.Popen[bytes]) -> ConnectServer:
@@ -181,17 +250,11 @@ def stop_server(server: ConnectServer) -> None:
     _stop_group(server.pid)
 
 
-def server_command(jar: Path, port: int, host: str, conf: Mapping[str, str] | None = None) -> list[str]:
-    """spark-submit of the Connect server with iox-batch's session settings, then `conf` (the user's `--conf`),
-    then what the server must have whatever `conf` says: its address and the gate's plugin."""
-    submit = shutil.which("spark-submit", path=spark_env()["PATH"]) or "spark-submit"
-    settings = {**session_conf(), **(conf or {}),
-                "spark.connect.grpc.binding.address": host,
-                "spark.connect.grpc.binding.port": str(port),
-                "spark.connect.extensions.relation.classes": PLUGIN_CLASS}
-    cmd = [submit, "--class", SERVER_CLASS, "--name", "iox-batch Spark Connect", "--master", spark_master(),
-           "--jars", str(jar)]
-    for key, value in settings.items():
+def server_command(port: int, gate_port: int, host: str, conf: Mapping[str, str] | None = None) -> list[str]:
+    """The server process: this interpreter running `spark_jobs/connect_server.py` (the user's `--conf` passed on;
+    it adds iox-batch's session settings and what the server must have whatever they say)."""
+    cmd = [sys.executable, "-m", SERVER_MODULE, "--host", host, "--port", str(port), "--gate-port", str(gate_port)]
+    for key, value in (conf or {}).items():
         cmd += ["--conf", f"{key}={value}"]
     return cmd
 
@@ -204,8 +267,8 @@ def _wait(server: ConnectServer, proc: subprocess.Popen[bytes] | None) -> Connec
             raise SparkUnavailableError(f"the Spark Connect server did not start (exit status {ended}); its log "
                                         f"{server.log_file} says why: {_log_tail(server.log_file)}")
         if time.monotonic() > deadline:
-            raise SparkUnavailableError(f"the Spark Connect server (pid {server.pid}) did not answer on port "
-                                        f"{server.port} within {START_TIMEOUT_S} s; see its log {server.log_file}")
+            raise SparkUnavailableError(f"the Spark Connect server (pid {server.pid}) did not answer on ports "
+                                        f"{server.port} and {server.gate_port} within {START_TIMEOUT_S} s; see its log {server.log_file}")
         time.sleep(0.25)
     return server
 
@@ -238,10 +301,13 @@ def _stop_group(pid: int) -> None:
             time.sleep(0.2)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host if host not in ("0.0.0.0", "::") else "", 0))
-        return int(sock.getsockname()[1])
+def _free_port(host: str, avoid: int = 0) -> int:
+    while True:
+        with socket.socket() as sock:
+            sock.bind((host if host not in ("0.0.0.0", "::") else "", 0))
+            port = int(sock.getsockname()[1])
+        if port != avoid:
+            return port
 
 
 def _log_tail(path: str, lines: int = 3) -> str:
@@ -251,50 +317,6 @@ def _log_tail(path: str, lines: int = 3) -> str:
         return "(no log)"
     wanted = [line for line in text.splitlines() if "ERROR" in line or "Exception" in line] or text.splitlines()
     return " / ".join(wanted[-lines:])[:800]
-
-
-# --- the gate's plugin -----------------------------------------------------------------------------------------
-
-
-def spark_home() -> Path:
-    """The pyspark package's folder: its jars are the server's, and the plugin compiles against them."""
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or not spec.submodule_search_locations:
-        raise IoxError("pyspark is not installed in this virtualenv; run `make venv`")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def plugin_source() -> Path:
-    return project_root() / "spark_jobs" / "connect_plugin" / "iox" / "ParsePlanPlugin.java"
-
-
-def plugin_jar() -> Path:
-    """The gate's parse plugin as a jar, built with javac on first use and kept under `.iox/spark-connect/`, named
-    by a digest of its source and of the Spark jars it is built against (a change of either builds it again)."""
-    source = plugin_source()
-    jars = sorted((spark_home() / "jars").glob("spark-*.jar"))
-    digest = hashlib.sha256(source.read_bytes() + "\n".join(p.name for p in jars).encode()).hexdigest()[:16]
-    target = state_dir() / "spark-connect" / f"iox-parse-plan-{digest}.jar"
-    if target.exists():
-        return target
-    javac = shutil.which("javac") or (Path(os.environ["JAVA_HOME"]) / "bin" / "javac"
-                                      if os.environ.get("JAVA_HOME") else None)
-    if javac is None or not Path(javac).exists():
-        raise IoxError("javac was not found: the Spark Connect server needs iox-batch's parse plugin (the last gate "
-                       "reads each query with the server's own parser), which is built from source on first start; "
-                       "install a JDK (Debian: apt-get install openjdk-17-jdk-headless) or set JAVA_HOME")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="iox-plugin-", dir=target.parent) as tmp:
-        result = subprocess.run([str(javac), "-d", tmp, "-cp", str(spark_home() / "jars" / "*"), str(source)],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            raise IoxError(f"building the Spark Connect parse plugin failed: {result.stderr.strip()[:800]}")
-        staged = Path(tmp) / "plugin.jar"
-        with zipfile.ZipFile(staged, "w") as jar:
-            for path in sorted(Path(tmp).rglob("*.class")):
-                jar.write(path, path.relative_to(tmp).as_posix())
-        os.replace(staged, target)
-    return target
 
 
 def parse_conf(items: Sequence[str]) -> dict[str, str]:

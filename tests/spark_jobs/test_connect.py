@@ -5,7 +5,7 @@ retryable error (75).
 
 One private server for the whole run (started once, about 20 s; the test that kills it has the next test start
 another), never the project's own (`iox-batch spark start`), which a developer may be using. Skipped with the
-reason when it cannot start (no javac for the gate's plugin, say). A Connect client switches its whole Python
+reason when it cannot start. A Connect client switches its whole Python
 process to Connect mode, so every client here is a child process: the CLI, or a small script for the gate."""
 
 from __future__ import annotations
@@ -96,8 +96,11 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]
 
 @pytest.fixture
 def connect(connect_server: Server, catalog_url: str) -> dict[str, str]:
-    """The environment of an `iox-batch` run on the connect runner (and the catalog of the tests)."""
-    return {"IOX_RUNNER": "connect", "IOX_SPARK_REMOTE": connect_server.up()}
+    """The environment of an `iox-batch` run on the connect runner (and the catalog of the tests): the private
+    server as a remote one, its gate's port and token given as a deployment gives them."""
+    url = connect_server.up()
+    return {"IOX_RUNNER": "connect", "IOX_SPARK_REMOTE": url, "IOX_SPARK_GATE_PORT": str(connect_server.server.gate_port),
+            "IOX_SPARK_GATE_TOKEN": connect_server.server.token}
 
 
 @pytest.fixture
@@ -131,9 +134,10 @@ def test_a_query_over_connect_gives_the_deduplicated_rows_in_every_format(connec
 
 GATE_SCRIPT = textwrap.dedent("""
     import json, sys
+    from iox_planner.sparkserver import remote
     from spark_jobs.connect import remote_session
     from spark_jobs.gate import check_query_text
-    spark = remote_session(sys.argv[1])
+    spark = remote_session(remote())
     spark.sql("SELECT 1 AS city").createOrReplaceTempView("__iox_scan_0")
     tables = lambda: sorted(t.name for t in spark.catalog.listTables())
     before = tables()
@@ -154,7 +158,7 @@ def test_the_last_gate_over_connect_refuses_and_lets_through_what_it_does_in_pro
     # EXPLAIN would analyze the text, and analysis runs EXECUTE IMMEDIATE's statement: the table would exist.
     refused = [*GATE_REFUSED, ("EXECUTE IMMEDIATE 'CREATE TABLE pwned_by_gate AS SELECT 1'", "not as a read-only")]
     texts = [text for text, _ in refused] + GATE_ALLOWED
-    probe = subprocess.run([sys.executable, "-c", GATE_SCRIPT, connect["IOX_SPARK_REMOTE"]], input=json.dumps(texts),
+    probe = subprocess.run([sys.executable, "-c", GATE_SCRIPT], input=json.dumps(texts),
                            capture_output=True, text=True, timeout=600, env={**os.environ, **connect})
     assert probe.returncode == 0, probe.stderr[-3000:]
     found = json.loads(probe.stdout.splitlines()[-1])
@@ -166,6 +170,64 @@ def test_the_last_gate_over_connect_refuses_and_lets_through_what_it_does_in_pro
         assert results[text] == (None, ""), text
     assert not found["tables_changed"]
     assert not Path("/tmp/iox_gate_pwned").exists()
+
+
+def gate_call(server: Any, body: bytes, token: str | None, method: str = "POST", path: str = "/parse",
+              length: str | None = None) -> tuple[int, dict[str, Any]]:
+    import http.client
+
+    conn = http.client.HTTPConnection(server.reach(), server.gate_port, timeout=60)
+    try:
+        conn.putrequest(method, path)
+        if token is not None:
+            conn.putheader("Authorization", f"Bearer {token}")
+        conn.putheader("Content-Length", length if length is not None else str(len(body)))
+        conn.endheaders()
+        if length is None:
+            conn.send(body)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_the_gate_endpoint_parses_one_text_for_the_token_only(connect_server: Server) -> None:
+    server = connect_server.server
+    status, answer = gate_call(server, b"SELECT city FROM __iox_scan_0", server.token)
+    assert status == 200
+    assert "UnresolvedRelation" in answer["plan"] and "__iox_scan_0" in answer["plan"]
+    assert gate_call(server, b"SELEC oops", server.token)[1]["error"] == "parse"
+    # Parsed, not analyzed: the table is named in the plan, never created.
+    status, answer = gate_call(server, b"EXECUTE IMMEDIATE 'CREATE TABLE pwned_by_endpoint AS SELECT 1'", server.token)
+    assert status == 200 and "ExecuteImmediate" in answer["plan"]
+    for token in (None, "", server.token[:-1] + ("0" if server.token[-1] != "0" else "1")):
+        assert gate_call(server, b"SELECT 1", token)[0] == 401
+    assert gate_call(server, b"", server.token, length=str(5 * 1_048_576))[0] == 413
+    assert gate_call(server, b"\xff\xfe", server.token)[0] == 400
+    assert gate_call(server, b"", server.token, method="GET")[0] == 405
+    assert gate_call(server, b"SELECT 1", server.token, path="/other")[0] == 404
+
+
+def test_a_query_is_refused_when_the_gate_refuses_the_token_or_does_not_answer(connect: dict[str, str],
+                                                                               h2o: str) -> None:
+    import socket
+
+    bad = {**connect, "IOX_SPARK_GATE_TOKEN": "f" * 64}
+    result = run_cli("query", "--db", h2o, "--format", "jsonl", "SELECT count(*) AS n FROM h2o", env=bad)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stdout == ""
+    assert_one_paragraph_error(result, "refused the token", "IOX_SPARK_GATE_TOKEN")
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        down = {**connect, "IOX_SPARK_GATE_PORT": str(closed.getsockname()[1])}
+        result = run_cli("query", "--db", h2o, "--format", "jsonl", "SELECT count(*) AS n FROM h2o", env=down)
+    assert result.returncode == 75, (result.stdout, result.stderr)
+    assert result.stdout == ""
+    assert_one_paragraph_error(result, "did not answer", "not run")
+    missing = {k: v for k, v in connect.items() if k != "IOX_SPARK_GATE_TOKEN"}
+    result = run_cli("query", "--db", h2o, "SELECT 1", env={**missing, "IOX_SPARK_GATE_TOKEN": ""})
+    assert result.returncode == 2
+    assert_one_paragraph_error(result, "IOX_SPARK_GATE_TOKEN is not set")
 
 
 def test_a_budget_cancels_the_query_on_the_server_which_serves_the_next(connect: dict[str, str], h2o: str) -> None:
@@ -227,7 +289,8 @@ def test_a_recorded_server_whose_process_is_gone_or_another_is_stale(monkeypatch
     gone.wait()
     for pid in (gone.pid, os.getpid()):  # ended; alive but not a Connect server (a pid reused)
         (tmp_path / "spark-connect.json").write_text(json.dumps(
-            {"pid": pid, "host": "127.0.0.1", "port": 1, "log_file": str(tmp_path / "log")}))
+            {"pid": pid, "host": "127.0.0.1", "port": 1, "gate_port": 2, "token": "t" * 64,
+             "log_file": str(tmp_path / "log")}))
         assert sparkserver.status()[1] == "stale"
         assert sparkserver.stop() is not None  # forgets it, signals nothing
         assert sparkserver.status() == (None, "stopped")
