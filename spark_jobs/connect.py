@@ -64,15 +64,40 @@ def remote_session(remote: Remote) -> Any:
     logging.getLogger("SQLQueryContextLogger").disabled = True
     spark.client.set_retry_policies([DefaultPolicy(max_retries=_RETRIES, max_backoff=_MAX_BACKOFF_MS)])
     try:
-        # Runtime SQL settings only: a Connect session cannot change the server's JVM or core settings.
-        for key, value in session_conf().items():
-            if key.startswith("spark.sql."):
-                spark.conf.set(key, value)
+        _set_checked(spark, {k: v for k, v in session_conf().items() if k.startswith("spark.sql.")})
+    except IoxError:
+        raise
     except Exception as err:  # noqa: BLE001 - one paragraph for any way the server fails to answer
         raise server_lost(err, url) or IoxError(f"the Spark Connect server at {url} refused iox-batch's settings: "
                                                 f"{str(err).splitlines()[0][:300] if str(err) else err!r}") from err
     _GATES[id(spark)] = (spark, remote)
     return spark
+
+
+def _set_checked(spark: Any, settings: dict[str, str]) -> None:
+    """Set `settings` on the session in one round trip and read them back in another (a setting per call was one
+    round trip each): runtime SQL settings only, as a Connect session cannot change the server's JVM or core
+    settings. One the server did not take (the security settings among them) fails the session."""
+    from pyspark.sql.connect import proto
+
+    pairs = [proto.KeyValue(key=key, value=value) for key, value in settings.items()]
+    spark.client.config(proto.ConfigRequest.Operation(set=proto.ConfigRequest.Set(pairs=pairs)))
+    got = spark.client.config(proto.ConfigRequest.Operation(get=proto.ConfigRequest.Get(keys=list(settings))))
+    differ = sorted(key for key, value in got.pairs if settings.get(key) != value)
+    if differ or len(got.pairs) != len(settings):
+        raise IoxError(f"the Spark Connect server did not keep iox-batch's settings ({', '.join(differ)[:300]}); "
+                       "it cannot run iox-batch's queries as they must run")
+
+
+def release(spark: Any) -> None:
+    """End `spark`'s session on the server (its views go at once, not at the server's idle timeout) and close
+    the connection. Nothing is reported: the command's work is done and its result written."""
+    _GATES.pop(id(spark), None)
+    try:
+        spark.client.release_session()
+    except Exception:  # noqa: BLE001 - a server gone by now has nothing left to release
+        pass
+    spark.client.close()
 
 
 def gate_plan_json(spark: Any, text: str) -> str:
