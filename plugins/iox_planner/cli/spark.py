@@ -30,8 +30,8 @@ def start(args: argparse.Namespace, console: Any) -> int:
     if args.port is not None and not 1 <= args.port <= 65535:
         raise BadInputError(f"--port {args.port} is not a port; give one from 1 to 65535")
     server = start_server(args.port, args.host, parse_conf(args.conf))
-    console.print(f"Spark Connect server running at {server.url()} (pid {server.pid}, bound to {server.host}, log "
-                  f"{server.log_file})")
+    console.print(f"Spark Connect server running at {server.url()} (gate port {server.gate_port}, pid {server.pid}, "
+                  f"bound to {server.host}, log {server.log_file})")
     return 0
 
 
@@ -52,5 +52,6 @@ def status(args: argparse.Namespace, console: Any) -> int:
     if server is None:
         console.print("stopped: no Spark Connect server is recorded (iox-batch spark start)")
     else:
-        console.print(f"{state}: {server.url()} (pid {server.pid}, bound to {server.host}, log {server.log_file})")
+        console.print(f"{state}: {server.url()} (gate port {server.gate_port}, pid {server.pid}, bound to "
+                      f"{server.host}, log {server.log_file})")
     return 0 if state == "running" else 3
