@@ -41,7 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    from iox_planner import sparkserver
+    from iox_planner.spark import server as sparkserver
 
     cli("catalog", "migrate")
     subprocess.run([str(Path(sys.executable).parent / "iox-batch"), "drop", "--db", DB, "--yes"], capture_output=True)

@@ -1,10 +1,11 @@
 """A Spark session over Spark Connect (`IOX_RUNNER=connect`): the client side of the project's own server
-(`iox_planner/sparkserver.py`) or of the one IOX_SPARK_REMOTE names.
+(`iox_planner/spark/server.py`) or of the one IOX_SPARK_REMOTE names.
 
 What the in-process path reaches through py4j has a Connect counterpart here: the last gate's parse (the server's
 own SQL parser, through its gate endpoint, `connect_server.py`: the same plan JSON, no analysis; the client fails
 closed, no answer is no query), and a lost server, read as the retryable `SparkUnavailableError` (exit 75). The
-query budget's tags are `budget.py`'s.
+query budget's tags are `budget.py`'s. `shared_remote` is the one Connect session of a process (the connect
+launcher's, `launch.py`), `release_shared` ends it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import warnings
 from typing import Any
 
 from iox_planner.errors import BadInputError, BadQueryError, IoxError, SparkUnavailableError, UnsupportedError
-from iox_planner.sparkconf import session_conf
-from iox_planner.sparkserver import GATE_MAX_BYTES, GATE_PATH, GATE_TIMEOUT_S, Remote
+from iox_planner.spark.conf import session_conf
+from iox_planner.spark.server import GATE_MAX_BYTES, GATE_PATH, GATE_TIMEOUT_S, Remote
 
 # The client warns on standard error when it gives up; the lost server is reported in one paragraph instead.
 warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
@@ -72,6 +73,30 @@ def remote_session(remote: Remote) -> Any:
                                                 f"{str(err).splitlines()[0][:300] if str(err) else err!r}") from err
     _GATES[id(spark)] = (spark, remote)
     return spark
+
+
+_SHARED: Any = None
+
+
+def shared_remote() -> Any:
+    """This process's one Connect session, opened on first use on IOX_SPARK_REMOTE's server or the project's own
+    (`spark/server.py` `remote`, which starts it when it is not running)."""
+    global _SHARED
+    if _SHARED is None:
+        from iox_planner.spark.server import remote
+
+        _SHARED = remote_session(remote())
+    return _SHARED
+
+
+def release_shared() -> bool:
+    """End this process's Connect session if it opened one (see `release`); whether it had one."""
+    global _SHARED
+    if _SHARED is None:
+        return False
+    spark, _SHARED = _SHARED, None
+    release(spark)
+    return True
 
 
 def _set_checked(spark: Any, settings: dict[str, str]) -> None:

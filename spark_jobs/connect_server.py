@@ -1,5 +1,5 @@
 """The project's Spark Connect server, one Python process (`python -m spark_jobs.connect_server`, started by
-`iox-batch spark start`: `iox_planner/sparkserver.py`): a SparkSession whose JVM runs Spark's Connect plugin (the
+`iox-batch spark start`: `iox_planner/spark/server.py`): a SparkSession whose JVM runs Spark's Connect plugin (the
 server the `connect` runner's sessions use), and beside it the last gate's parse endpoint.
 
 Spark Connect has no parse-only call: EXPLAIN analyzes, and analysis runs EXECUTE IMMEDIATE's statement (`EXPLAIN
@@ -22,8 +22,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
+from iox_planner import config
 from iox_planner.errors import BadQueryError, IoxError
-from iox_planner.sparkserver import GATE_MAX_BYTES, GATE_PATH, GATE_TOKEN_ENV, check_token, parse_conf
+from iox_planner.spark.server import GATE_MAX_BYTES, GATE_PATH, check_token, parse_conf
 
 CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 _BUSY = 8
@@ -34,7 +35,7 @@ _READ_TIMEOUT_S = 10
 
 def server_conf(host: str, port: int, conf: dict[str, str]) -> dict[str, str]:
     """The user's `--conf`, then what the server must have whatever it says: Connect in the driver, and where it
-    listens (the session's own settings, `sparkconf.session_conf`, are added by `build_session`)."""
+    listens (the session's own settings, `spark/conf.py` `session_conf`, are added by `build_session`)."""
     return {**conf, "spark.plugins": CONNECT_PLUGIN, "spark.connect.grpc.binding.address": host,
             "spark.connect.grpc.binding.port": str(port)}
 
@@ -103,8 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--conf", action="append", default=[])
     args = parser.parse_args(argv)
     try:
+        token = check_token(config.SPARK_GATE_TOKEN.read() or "")
         # Out of the environment before the JVM starts: its Python workers must not inherit it.
-        token = check_token(os.environ.pop(GATE_TOKEN_ENV, ""))
+        os.environ.pop(config.SPARK_GATE_TOKEN.name, None)
         conf = server_conf(args.host, args.port, parse_conf(args.conf))
     except IoxError as err:
         print(f"error: {err}", file=sys.stderr)

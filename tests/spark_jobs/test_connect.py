@@ -64,7 +64,7 @@ class Server:
         self.proc: Any = None
 
     def up(self) -> str:
-        from iox_planner import sparkserver
+        from iox_planner.spark import server as sparkserver
 
         if self.proc is None or self.proc.poll() is not None:
             self.server, self.proc = sparkserver.launch(self.log, conf={"spark.driver.memory": "1g"})
@@ -76,7 +76,7 @@ class Server:
         self.proc.wait()
 
     def stop(self) -> None:
-        from iox_planner import sparkserver
+        from iox_planner.spark import server as sparkserver
 
         if self.proc is not None and self.proc.poll() is None:
             sparkserver.stop_server(self.server)
@@ -138,7 +138,7 @@ def test_a_query_over_connect_gives_the_deduplicated_rows_in_every_format(connec
 
 GATE_SCRIPT = textwrap.dedent("""
     import json, sys
-    from iox_planner.sparkserver import remote
+    from iox_planner.spark.server import remote
     from spark_jobs.connect import remote_session
     from spark_jobs.gate import check_query_text
     spark = remote_session(remote())
@@ -285,7 +285,7 @@ def test_a_server_lost_during_a_query_or_not_there_is_the_retryable_error(connec
 
 def test_a_recorded_server_whose_process_is_gone_or_another_is_stale(monkeypatch: pytest.MonkeyPatch,
                                                                      tmp_path: Path) -> None:
-    from iox_planner import sparkserver
+    from iox_planner.spark import server as sparkserver
 
     monkeypatch.setattr(sparkserver, "state_dir", lambda: tmp_path)
     assert sparkserver.status() == (None, "stopped")

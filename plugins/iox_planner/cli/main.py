@@ -493,8 +493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream.reset()
     code = _run(args)
     _settle_report()
-    runner = sys.modules.get("iox_planner.cli.runner")
-    if runner is not None and runner.release_remote() and argv is None:
+    connect = sys.modules.get("spark_jobs.connect")
+    if connect is not None and connect.release_shared() and argv is None:
         _end_now(code)
     return code
 

@@ -1,4 +1,4 @@
-"""`iox-batch spark start|stop|status`: the project's own Spark Connect server (`iox_planner/sparkserver.py`), which
+"""`iox-batch spark start|stop|status`: the project's own Spark Connect server (`iox_planner/spark/server.py`), which
 the `connect` runner (IOX_RUNNER=connect) queries over when IOX_SPARK_REMOTE names no other."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def add_parser(sub: Any, commands: dict[str, Any]) -> None:
 
 def start(args: argparse.Namespace, console: Any) -> int:
     from iox_planner.errors import BadInputError
-    from iox_planner.sparkserver import parse_conf, start as start_server
+    from iox_planner.spark.server import parse_conf, start as start_server
 
     if args.port is not None and not 1 <= args.port <= 65535:
         raise BadInputError(f"--port {args.port} is not a port; give one from 1 to 65535")
@@ -36,7 +36,7 @@ def start(args: argparse.Namespace, console: Any) -> int:
 
 
 def stop(args: argparse.Namespace, console: Any) -> int:
-    from iox_planner.sparkserver import stop as stop_server
+    from iox_planner.spark.server import stop as stop_server
 
     server = stop_server()
     console.print("no Spark Connect server was running" if server is None
@@ -46,7 +46,7 @@ def stop(args: argparse.Namespace, console: Any) -> int:
 
 def status(args: argparse.Namespace, console: Any) -> int:
     """Exit 0 when it answers, 3 otherwise (so a script can wait on it)."""
-    from iox_planner.sparkserver import status as server_status
+    from iox_planner.spark.server import status as server_status
 
     server, state = server_status()
     if server is None:

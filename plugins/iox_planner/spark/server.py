@@ -7,9 +7,9 @@ stale and replaced.
 The server is one Python process (`spark_jobs/connect_server.py`): a SparkSession whose JVM runs Spark's Connect
 plugin, and beside it the last gate's parse endpoint, which answers only with this token. It runs in its own process
 group (a stop reaches its JVM and Python workers), bound to 127.0.0.1 unless told otherwise, its workers in this
-virtualenv (`sparkconf.spark_env`), with the settings of every iox-batch session (`sparkconf.session_conf`).
-Another server (IOX_SPARK_REMOTE) is one started the same way elsewhere: its gate's port and token come from
-IOX_SPARK_GATE_PORT and IOX_SPARK_GATE_TOKEN. Imports no pyspark.
+virtualenv (`conf.spark_env`), with the settings of every iox-batch session (`conf.session_conf`). Another
+server (IOX_SPARK_REMOTE) is one started the same way elsewhere: its gate's port and token come from
+IOX_SPARK_GATE_PORT and IOX_SPARK_GATE_TOKEN. Part of the Spark seam: imports no pyspark.
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ from typing import Mapping, Sequence
 
 from filelock import FileLock
 
+from iox_planner import config
 from iox_planner.config import state_dir
 from iox_planner.errors import BadInputError, SparkUnavailableError
-from iox_planner.sparkconf import spark_env
+from iox_planner.spark.conf import spark_env
 
-REMOTE_ENV = "IOX_SPARK_REMOTE"
-GATE_PORT_ENV = "IOX_SPARK_GATE_PORT"
-GATE_TOKEN_ENV = "IOX_SPARK_GATE_TOKEN"
+REMOTE_ENV = config.SPARK_REMOTE.name
+GATE_PORT_ENV = config.SPARK_GATE_PORT.name
+GATE_TOKEN_ENV = config.SPARK_GATE_TOKEN.name
 SERVER_MODULE = "spark_jobs.connect_server"
 GATE_PATH = "/parse"
 GATE_MAX_BYTES = 4 * 1_048_576
@@ -109,24 +110,21 @@ def check_token(token: str, what: str = GATE_TOKEN_ENV) -> str:
 def remote() -> Remote:
     """IOX_SPARK_REMOTE (its gate on the same host, IOX_SPARK_GATE_PORT or the Connect port + 1, with
     IOX_SPARK_GATE_TOKEN), else the project's own server (started on demand and reused)."""
-    env = os.environ.get(REMOTE_ENV, "").strip()
+    env = config.SPARK_REMOTE.read()
     if not env:
         return ensure_running().remote()
     host, port = check_remote(env)
-    token = os.environ.get(GATE_TOKEN_ENV, "")
+    token = config.SPARK_GATE_TOKEN.read()
     if not token:
         raise BadInputError(f"{REMOTE_ENV} names a Spark Connect server but {GATE_TOKEN_ENV} is not set: the last gate "
                             "reads each query with that server's parser through its gate endpoint, which answers "
                             "only with the token its server was started with; set it, or unset "
                             f"{REMOTE_ENV} to use the project's own server")
-    gate_port = _port(os.environ.get(GATE_PORT_ENV, "").strip() or str(port + 1), GATE_PORT_ENV)
+    gate_port = config.SPARK_GATE_PORT.read() or port + 1
+    if gate_port > 65_535:
+        raise BadInputError(f"{REMOTE_ENV} uses port {port}, so its gate's default port ({gate_port}) is not a port; "
+                            f"set {GATE_PORT_ENV}")
     return Remote(f"sc://{host}:{port}", host.strip("[]"), gate_port, check_token(token))
-
-
-def _port(text: str, what: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise BadInputError(f"{what}={text[:40]!r} is not a port; give one from 1 to 65535")
-    return int(text)
 
 
 # --- state -----------------------------------------------------------------------------------------------------
@@ -210,7 +208,7 @@ def start(port: int | None = None, host: str = "127.0.0.1", conf: Mapping[str, s
         if server is not None and state in ("running", "starting"):
             return _wait(server, None)
         _state_file().unlink(missing_ok=True)
-        token = os.environ.get(GATE_TOKEN_ENV, "")
+        token = config.SPARK_GATE_TOKEN.read()
         server, proc = launch(state_dir() / "spark-connect.log", port, host, conf,
                               token=check_token(token) if token else None)
         _record(server)
