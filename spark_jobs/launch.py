@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from iox_planner.spark.jobs import BulkLoadJob, CompactJob, JobSpec, PlanJob
+from iox_planner.spark.jobs import JobSpec, PlanJob
 from iox_planner.spark.launch import Launcher, Runner, SubmitLauncher, chosen_runner
 
 
@@ -44,16 +44,17 @@ class InProcessLauncher:
 @dataclasses.dataclass
 class ConnectLauncher:
     """Jobs through the same wrapper as in-process, on this process's Spark Connect session (`connect.py`
-    `shared_remote`). Compaction and the bulk load hand their tasks to `sparkContext.parallelize`, which a Connect
-    session has not: they run on this process's own session, as in-process."""
+    `shared_remote`): queries, compaction and the bulk load (their tasks ride a `spark.range` mapped in Arrow,
+    `errors.run_tasks`, as a Connect session has no `sparkContext.parallelize`)."""
 
     progress: Callable[[str], None] = _stderr
     runner: Runner = Runner.CONNECT
 
     def run(self, job: JobSpec) -> dict[str, Any]:
+        from spark_jobs.connect import shared_remote
         from spark_jobs.job import run_job
 
-        return dict(run_job(job, _session_for(job), self.progress))
+        return dict(run_job(job, shared_remote, self.progress))
 
     def fetch(self, job: PlanJob) -> Any:
         from spark_jobs import query_job
@@ -61,13 +62,6 @@ class ConnectLauncher:
         from spark_jobs.job import run_job
 
         return run_job(dataclasses.replace(job, report=None), shared_remote, self.progress, query_job.collect)
-
-
-def _session_for(job: JobSpec) -> Callable[[], Any]:
-    from spark_jobs.connect import shared_remote
-    from spark_jobs.session import shared_session
-
-    return shared_session if isinstance(job, (CompactJob, BulkLoadJob)) else shared_remote
 
 
 def launcher(runner: Runner | None = None, progress: Callable[[str], None] = _stderr) -> Launcher:

@@ -339,8 +339,8 @@ SPARK_CONF = _declare(Text(
 RUNNER = _declare(Choice(
     "IOX_RUNNER",
     "how the CLI runs Spark jobs: one SparkSession in its own process, spark-submit as the DAGs do, or a session "
-    "on a warm Spark Connect server (`scripts/env.sh` sets `connect`; compaction and `write --spark` then stay "
-    "in-process; README: Spark Connect); all run the same job and give the same rows",
+    "on a warm Spark Connect server (`scripts/env.sh` sets `connect`; README: Spark Connect); all run the same job "
+    "and give the same rows",
     "in-process",
     ("in-process", "spark-submit", "connect")))
 SPARK_REMOTE = _declare(Text(

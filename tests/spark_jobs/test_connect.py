@@ -1,7 +1,8 @@
 """The `connect` runner (IOX_RUNNER=connect) on a real Spark Connect server and real Postgres: queries end to end
-as a user runs them (the whole `iox-batch` process), the last gate on the server's parser with the same cases as
-the in-process gate, a budget that cancels the query on the server, two queries at once, and a lost server as the
-retryable error (75).
+as a user runs them (the whole `iox-batch` process, with no Java to start a JVM of its own), the last gate on the
+server's parser with the same cases as the in-process gate and its endpoint's token, a budget that cancels the
+query on the server, compaction and a bulk load on the server's workers, two queries at once, and a lost server as
+the retryable error (75).
 
 One private server for the whole run (started once, about 20 s; the test that kills it has the next test start
 another), never the project's own (`iox-batch spark start`), which a developer may be using. Skipped only where
@@ -24,7 +25,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from helpers import assert_one_paragraph_error, run_cli
+from helpers import assert_one_paragraph_error, live_chunks, run_cli
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.scenario import load_scenario, read_scenario
 
@@ -103,7 +104,10 @@ def connect(connect_server: Server, catalog_url: str) -> dict[str, str]:
     """The environment of an `iox-batch` run on the connect runner (and the catalog of the tests): the private
     server as a remote one, its gate's port and token given as a deployment gives them."""
     url = connect_server.up()
-    return {"IOX_RUNNER": "connect", "IOX_SPARK_REMOTE": url, "IOX_SPARK_GATE_PORT": str(connect_server.server.gate_port),
+    # No JVM can start in the client (a Java that is not there): whatever Spark work a command does runs on the
+    # server, or the command fails.
+    return {"IOX_RUNNER": "connect", "JAVA_HOME": "/nonexistent/java", "IOX_SPARK_REMOTE": url,
+            "IOX_SPARK_GATE_PORT": str(connect_server.server.gate_port),
             "IOX_SPARK_GATE_TOKEN": connect_server.server.token}
 
 
@@ -247,6 +251,36 @@ def test_a_budget_cancels_the_query_on_the_server_which_serves_the_next(connect:
     after = run_cli("query", "--db", h2o, "--format", "jsonl", "--timeout", "60", QUERY, env=connect)
     assert after.returncode == 0, after.stderr
     assert jsonl(after.stdout) == ROWS
+
+
+def test_compaction_and_a_bulk_load_run_their_tasks_over_connect(connect: dict[str, str], catalog: Catalog, db: str,
+                                                                   tmp_path: Path) -> None:
+    from iox_planner.ingest import write as ingest
+    from iox_planner.maintenance import persist
+
+    t0 = 1704067200 * 10**9
+    # Two persisted files of one partition, the second overriding a point of the first: a rewrite, one Spark task.
+    ingest.write_line_protocol(catalog, db, f"m,k=a v=1 {t0}\nm,k=b v=2 {t0 + 10**9}")
+    persist.persist(catalog, db)
+    ingest.write_line_protocol(catalog, db, f"m,k=a v=10 {t0}")
+    persist.persist(catalog, db)
+    result = run_cli("compact", "--db", db, env=connect)
+    assert result.returncode == 0, result.stderr
+    assert {c["compaction_level"] for c in live_chunks(catalog, db)} == {1}
+    assert len(live_chunks(catalog, db)) == 1
+    # Many ranges, a task each, on the server's workers; then a bad line, reported as a plain write reports it.
+    lp = tmp_path / "in.lp"
+    lp.write_text("".join(f"n,k=h{i} v={i} {t0 + i}\n" for i in range(200)))
+    result = run_cli("write", "--spark", "--db", db, str(lp), env={**connect, "IOX_BULK_RANGE_BYTES": "4096"})
+    assert result.returncode == 0, result.stderr
+    lp.write_text("n,k=x v=1 1\nnot line protocol\n")
+    bad = run_cli("write", "--spark", "--db", db, str(lp), env=connect)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "error: nothing was written from" in bad.stderr and "1 bad line: line 2" in bad.stderr
+    got = run_cli("query", "--db", db, "--format", "jsonl",
+                  "SELECT (SELECT count(*) FROM n) AS n, (SELECT sum(v) FROM m) AS m", env=connect)
+    assert got.returncode == 0, got.stderr
+    assert jsonl(got.stdout) == [{"n": 200, "m": 12.0}]
 
 
 def test_two_queries_at_once_and_a_failing_one_leave_the_server_serving(connect: dict[str, str], h2o: str) -> None:
