@@ -22,7 +22,10 @@ QUERY="SELECT state, city, min_temp, max_temp, area, time FROM h2o ORDER BY stat
 step "EXPLAIN $QUERY"
 iox-batch explain --db demo "$QUERY"
 
-step "the deduplicated rows (Spark, local): C5's SJ@600 replaces C4's, every other point stays"
+step "the project's Spark Connect server (warm Spark for every query; iox-batch spark stop ends it)"
+iox-batch spark start
+
+step "the deduplicated rows (over Spark Connect): C5's SJ@600 replaces C4's, every other point stays"
 iox-batch query --db demo "$QUERY"
 
 step "the same query as a triggered Airflow run: airflow dags test iox_query"

@@ -14,6 +14,11 @@ budget's exit status. A hang is never the outcome.
 
 A JVM that ends under the block (the driver runs with `-XX:+ExitOnOutOfMemoryError`, see `spark/conf.py`) surfaces
 as a lost py4j connection; the block raises `spark/budget.py` `jvm_lost_error` for it instead.
+
+Over Spark Connect (`connect.py`) the tag is the session's operation tag (`SparkSession.addTag`, also local to the
+thread) and the watchdog interrupts the server's operations that carry it (`interruptTag`), which cancels their
+jobs there: the server and the other clients' queries go on. A server lost under the block raises the retryable
+`SparkUnavailableError`; past the grace the watchdog ends this process only (the server is not ours to stop).
 """
 
 from __future__ import annotations
@@ -46,21 +51,69 @@ _LOST_CONNECTION = frozenset({"Py4JNetworkError", "ConnectionResetError", "Conne
                               "ConnectionAbortedError", "BrokenPipeError", "EOFError"})
 
 
+class _Tags:
+    """One query's tag on this process's SparkContext: its jobs, cancelled with interrupt-on-cancel."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.sc = spark.sparkContext
+
+    def add(self, tag: str) -> None:
+        self.sc.addJobTag(tag)
+        self.sc.setInterruptOnCancel(True)
+
+    def cancel(self, tag: str) -> None:
+        self.sc.cancelJobsWithTag(tag)
+
+    def remove(self, tag: str) -> None:
+        self.sc.removeJobTag(tag)
+
+    def lost(self, err: BaseException) -> IoxError | None:
+        return _jvm_lost(self.sc, err)
+
+    def jvm(self) -> subprocess.Popen[bytes] | None:
+        return _jvm_process(self.sc)
+
+
+class _ConnectTags:
+    """One query's tag on a Spark Connect session: its operations on the server, interrupted there."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    def add(self, tag: str) -> None:
+        self.spark.addTag(tag)
+
+    def cancel(self, tag: str) -> None:
+        self.spark.interruptTag(tag)
+
+    def remove(self, tag: str) -> None:
+        self.spark.removeTag(tag)
+
+    def lost(self, err: BaseException) -> IoxError | None:
+        from spark_jobs.connect import server_lost
+
+        return server_lost(err)
+
+    def jvm(self) -> None:
+        return None
+
+
 @contextmanager
 def query_budget(spark: SparkSession, seconds: int) -> Iterator[None]:
     """Run the block's Spark jobs within `seconds` of wall time (see the module's docstring)."""
-    sc = spark.sparkContext
+    from spark_jobs.connect import is_remote
+
+    tags: _Tags | _ConnectTags = _ConnectTags(spark) if is_remote(spark) else _Tags(spark)
     tag = f"iox-query-{uuid.uuid4().hex}"
-    sc.addJobTag(tag)
-    sc.setInterruptOnCancel(True)
+    tags.add(tag)
     done = threading.Event()
     expired = threading.Event()
-    threading.Thread(target=_watch, args=(sc, tag, seconds, done, expired), name="iox-query-budget",
+    threading.Thread(target=_watch, args=(tags, tag, seconds, done, expired), name="iox-query-budget",
                      daemon=True).start()
     try:
         yield
     except Exception as err:
-        lost = _jvm_lost(sc, err)
+        lost = tags.lost(err)
         if lost is not None:
             raise lost from err
         if expired.is_set():
@@ -69,35 +122,35 @@ def query_budget(spark: SparkSession, seconds: int) -> Iterator[None]:
     finally:
         done.set()
         try:
-            sc.removeJobTag(tag)
+            tags.remove(tag)
         except Exception:  # noqa: BLE001 - the JVM is gone: there is no tag left to remove
             pass
 
 
-def _watch(sc: Any, tag: str, seconds: int, done: threading.Event, expired: threading.Event) -> None:
+def _watch(tags: _Tags | _ConnectTags, tag: str, seconds: int, done: threading.Event,
+           expired: threading.Event) -> None:
     if done.wait(seconds):
         return
     expired.set()
     give_up_at = time.monotonic() + STUCK_GRACE_S
     while not done.is_set():
         try:
-            sc.cancelJobsWithTag(tag)
+            tags.cancel(tag)
         except Exception:  # noqa: BLE001 - a JVM that is gone: the block reports it when its call fails
             pass
         if done.wait(CANCEL_EVERY_S):
             return
         if time.monotonic() > give_up_at:
-            _end_process(sc, seconds)
+            _end_process(tags.jvm(), seconds)
 
 
-def _end_process(sc: Any, seconds: int) -> None:
+def _end_process(proc: subprocess.Popen[bytes] | None, seconds: int) -> None:
     """The query is stuck past anything a cancellation reaches: report it and end this process (and the JVM it
     started). Written to the standard error descriptor itself: the block's caller may have redirected sys.stderr,
     and nothing else will run."""
     message = (f"error: {timeout_error(seconds)} (Spark did not stop within {STUCK_GRACE_S:.0f} s of being "
                "cancelled, so the process ended)")
     os.write(2, (clip_message(message) + "\n").encode("utf-8", "replace"))
-    proc = _jvm_process(sc)
     if proc is not None:
         proc.kill()
     os._exit(timeout_error(seconds).exit_code)

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Sequence
 
 from iox_planner.ingest.bulk import Range, RangeResult, RangeRunner, StagedChunk, TaskParams
-from spark_jobs.errors import run_tasks
+from spark_jobs.errors import default_parallelism, run_tasks
 
 if TYPE_CHECKING:
     from spark_jobs.context import JobContext
@@ -55,5 +55,5 @@ def run_bulk_load(ctx: JobContext) -> dict[str, Any]:
         spark = ctx.session()
         result = bulk_write(catalog, job.db, job.source, spark_range_runner(spark), precision=job.precision,
                             accept_partial=job.accept_partial, progress=ctx.progress,
-                            min_ranges=spark.sparkContext.defaultParallelism, input_root=job.root)
+                            min_ranges=default_parallelism(spark), input_root=job.root)
     return {"chunks": [asdict(c) for c in result.chunks], "rejected": [asdict(e) for e in result.rejected]}

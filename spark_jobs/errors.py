@@ -149,17 +149,56 @@ def run_tasks(spark: Any, payloads: Sequence[Any], task: Callable[[Any], Any], d
     Spark's own exception."""
     from iox_planner.config import DEBUG
 
+    from spark_jobs.connect import is_remote
+
     if not payloads:
         return []
-    sc = spark.sparkContext
-    sc.setJobDescription(description)
     try:
+        if is_remote(spark):
+            return _run_over_connect(spark, list(payloads), task)
+        sc = spark.sparkContext
+        sc.setJobDescription(description)
         return list(sc.parallelize(list(payloads), len(payloads)).map(task).collect())
     except Exception as err:  # noqa: BLE001 - Spark's errors as one paragraph
         if DEBUG.read():
             raise
         kind, message = worker_error(err)
         raise (kind or CatalogError)(f"{failed}: {message}") from err
+
+
+def _run_over_connect(spark: Any, payloads: list[Any], task: Callable[[Any], Any]) -> list[Any]:
+    """`run_tasks` on a Spark Connect session, which has no sparkContext to parallelize with: `spark.range` over
+    the payloads' indexes, one partition (so one task) each, mapped in Arrow by a function that carries the
+    payloads (serialized with it, as parallelize would ship them) and returns each task's result pickled. The
+    results come back in the payloads' order; they are this code's own, from the server's workers."""
+    import pickle
+
+    def each(batches: Any) -> Any:
+        import pyarrow as pa
+
+        for batch in batches:
+            ids = batch.column("id").to_pylist()
+            yield pa.RecordBatch.from_pydict({"id": pa.array(ids, pa.int64()),
+                                              "result": pa.array([pickle.dumps(task(payloads[i])) for i in ids],
+                                                                 pa.binary())})
+
+    count = len(payloads)
+    rows = spark.range(0, count, 1, count).mapInArrow(each, "id long, result binary").collect()
+    done = {int(row["id"]): pickle.loads(row["result"]) for row in rows}
+    return [done[i] for i in range(count)]
+
+
+def default_parallelism(spark: Any) -> int:
+    """How many tasks the session runs at once: its SparkContext's default parallelism, or over Spark Connect (no
+    SparkContext here) the number of partitions the server gives a range by default, which is that same number."""
+    from spark_jobs.connect import is_remote
+
+    if not is_remote(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    from pyspark.sql import functions as F
+
+    parts = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p").alias("n"))
+    return int(parts.first()["n"]) + 1
 
 
 def worker_error(err: Exception) -> tuple[type[IoxError] | None, str]:

@@ -93,22 +93,29 @@ def check_query_text(spark: Any, text: str, views: Collection[str], columns: Col
 
 
 def _parsed(spark: Any, text: str) -> Any:
-    """Spark's unresolved plan of `text` as JSON (a parse only: nothing is resolved or run)."""
+    """Spark's unresolved plan of `text` as JSON, from the parser of the session that will run it: this process's
+    JVM, or over Spark Connect the server's, through its gate endpoint (`connect.gate_plan_json`), which answers
+    with `parsed_plan_json` run there. Either way the checks above are the ones that read it."""
+    from spark_jobs.connect import gate_plan_json, is_remote
+
+    return json.loads(gate_plan_json(spark, text) if is_remote(spark) else parsed_plan_json(spark, text))
+
+
+def parsed_plan_json(spark: Any, text: str) -> str:
+    """The JSON of the plan the SQL parser of `spark` (a session with a JVM in this process) builds for `text`: a
+    parse only, nothing resolved or run. `BadQueryError` when it does not parse."""
     from pyspark.errors import PySparkException
 
-    try:
-        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(text)
-    except PySparkException as err:
-        from spark_jobs.errors import sanitize_spark_message
+    from spark_jobs.errors import sanitize_spark_message
 
+    try:
+        return str(spark._jsparkSession.sessionState().sqlParser().parsePlan(text).toJSON())
+    except PySparkException as err:
         raise BadQueryError(f"the query does not parse in Spark: {sanitize_spark_message(str(err))}") from err
     except Exception as err:  # noqa: BLE001 - py4j's own error type carries Spark's ParseException
-        from spark_jobs.errors import sanitize_spark_message
-
         lines = [line for line in str(err).splitlines() if line.strip()]
         raise BadQueryError("the query does not parse in Spark: "
                             f"{sanitize_spark_message(lines[1] if len(lines) > 1 else str(err))}") from err
-    return json.loads(plan.toJSON())
 
 
 def _nodes(tree: Any) -> Iterator[dict[str, Any]]:

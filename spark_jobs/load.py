@@ -10,6 +10,7 @@ from pyspark.sql import DataFrame
 
 from iox_planner.errors import BadInputError
 from iox_planner.model import NS_PREFIX
+from spark_jobs.connect import executors_share_this_machine
 from spark_jobs.transform import q
 
 
@@ -50,7 +51,7 @@ def write_result(result: DataFrame, fmt: str, output: Path | None, stdout: Any) 
             # A local master's executors are threads of this driver's JVM (or its children, local-cluster): they
             # reach the staging folder through this process's descriptor, which no folder swap can re-point. A
             # cluster's may run on another machine, so they get its name, refused where others could re-point it.
-            local = (spark.sparkContext.master or "").startswith("local")
+            local = executors_share_this_machine(spark)
             where = str(stage.result if local else stage.shared_result())
             final.write.parquet(where)
             return int(spark.read.parquet(where).count())

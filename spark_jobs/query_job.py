@@ -49,6 +49,7 @@ def run_part(ctx: JobContext) -> dict[str, Any]:
 
     from iox_planner.output.publish import staged
     from iox_planner.spark.jobs import PartJob
+    from spark_jobs.connect import executors_share_this_machine
     from spark_jobs.execute import ScanBuilder
 
     job = ctx.job
@@ -58,7 +59,7 @@ def run_part(ctx: JobContext) -> dict[str, Any]:
     with staged(job.output, folder=True) as stage:
         # A local master's executors reach the staging folder through this process's descriptor; a cluster's by
         # its name, allowed only where nobody else can re-point it (as load.write_result does).
-        local = (spark.sparkContext.master or "").startswith("local")
+        local = executors_share_this_machine(spark)
         where = stage.result if local else stage.shared_result()
         where.mkdir()
         for scan, tree in zip(plan.scans, plan.children):

@@ -338,10 +338,28 @@ SPARK_CONF = _declare(Text(
     "none"))
 RUNNER = _declare(Choice(
     "IOX_RUNNER",
-    "how the CLI runs Spark jobs: one SparkSession in its own process, or spark-submit as the DAGs do; both run "
-    "the same job and give the same rows",
+    "how the CLI runs Spark jobs: one SparkSession in its own process, spark-submit as the DAGs do, or a session "
+    "on a warm Spark Connect server (`scripts/env.sh` sets `connect`; README: Spark Connect); all run the same job "
+    "and give the same rows",
     "in-process",
-    ("in-process", "spark-submit")))
+    ("in-process", "spark-submit", "connect")))
+SPARK_REMOTE = _declare(Text(
+    "IOX_SPARK_REMOTE",
+    "with IOX_RUNNER=connect: the Spark Connect server, `sc://HOST:PORT` and nothing else",
+    "the project's own server (`iox-batch spark start`, or started on the first query; state in "
+    "`.iox/spark-connect.json`)"))
+SPARK_GATE_TOKEN = _declare(Text(
+    "IOX_SPARK_GATE_TOKEN",
+    "the token of the Connect server's gate endpoint (the last gate's parse): required with IOX_SPARK_REMOTE, and "
+    "the one `iox-batch spark start` gives its server when set; 32 to 512 printable ASCII characters, no spaces "
+    "(`openssl rand -hex 32`)",
+    "for the project's own server a random one, in `.iox/spark-connect.json` (mode 0600)"))
+SPARK_GATE_PORT = _declare(Whole(
+    "IOX_SPARK_GATE_PORT",
+    "with IOX_SPARK_REMOTE: the port of that server's gate endpoint, on the same host (0: the Connect port + 1)",
+    0,
+    0,
+    65_535))
 QUERY_TIMEOUT_S = _declare(Whole(
     "IOX_QUERY_TIMEOUT_S",
     "wall-time budget of a query (planning, then Spark), in seconds; `--timeout`, a run's or a definition's "

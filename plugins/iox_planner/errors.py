@@ -52,6 +52,14 @@ class CatalogUnavailableError(CatalogError):
     exit_code = 75
 
 
+class SparkUnavailableError(IoxError):
+    """Retryable: the Spark Connect server a query runs on could not be reached, or went away mid-query (stopped,
+    restarted, killed). A query publishes nothing until its result is complete, so nothing changed; running it
+    again once the server is back is safe. Exit status 75 (EX_TEMPFAIL), as a lost catalog."""
+
+    exit_code = 75
+
+
 class UnsupportedError(IoxError):
     """Valid, but not something iox-batch does (yet): a function that reaches outside the catalog, say."""
 

@@ -4,6 +4,7 @@ volumes and environment agree with each other and with the code's settings."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -20,7 +21,7 @@ from iox_airflow.spark import spark_connection
 
 COMPOSE = ROOT / "docker-compose.yml"
 AIRFLOW = ("airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor")
-SPARK = ("spark-master", "spark-worker")
+SPARK = ("spark-master", "spark-worker", "spark-connect")
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +110,22 @@ def test_environment_agrees_with_the_code_and_across_services(compose: dict[str,
     scheduler_conf = env_of(services["airflow-scheduler"])["IOX_SPARK_CONF"]
     assert "spark.driver.host=airflow-scheduler" in scheduler_conf
     assert set(compose["volumes"]) == {"postgres-data", "iox-data"}
+    # The CLI in every container reaches the spark-connect service where it listens, its gate with one token that
+    # has no default; the image needs a JRE only (no code compiled at start).
+    connect_cmd = " ".join(command_of(services["spark-connect"]))
+    assert "iox-batch spark start --host 0.0.0.0 --port 15002" in connect_cmd
+    for name in (*AIRFLOW, *SPARK):
+        env = env_of(services[name])
+        assert (env["IOX_RUNNER"], env["IOX_SPARK_REMOTE"]) == ("connect", "sc://spark-connect:15002")
+        assert env["IOX_SPARK_GATE_TOKEN"].startswith("${IOX_SPARK_GATE_TOKEN:?")
+    assert "openjdk-17-jre-headless" in services["spark-connect"]["build"]["dockerfile_inline"]
+    assert "-jdk" not in services["spark-connect"]["build"]["dockerfile_inline"]
 
 
 def test_compose_validates_where_a_compose_cli_exists(tmp_path: Path) -> None:
     cli = shutil.which("docker-compose")
     if cli is None:
         pytest.skip("no docker-compose CLI on this machine (the YAML checks above still ran)")
-    done = subprocess.run([cli, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run([cli, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "IOX_SPARK_GATE_TOKEN": "0" * 64})
     assert done.returncode == 0, done.stderr

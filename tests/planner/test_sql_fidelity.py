@@ -27,6 +27,7 @@ from iox_planner.catalog.store import Catalog, CatalogSource
 from iox_planner.errors import IoxError
 from iox_planner.model import Chunk, ChunkKind, ColumnType, NS_PREFIX, StaticSource
 from iox_planner.planner import plan_query
+from gate_support import GATE_ALLOWED, GATE_REFUSED
 from spark_support import load
 
 pytestmark = pytest.mark.spark
@@ -305,35 +306,7 @@ def test_into_and_what_spark_cannot_parse_are_refused_and_write_nothing(
 # 3. The last gate on its own: what no front-end slip may send
 
 
-@pytest.mark.parametrize(("text", "needle"), [
-    ("CREATE TABLE pwned AS SELECT * FROM __iox_scan_0", "not as a read-only query"),
-    ("INSERT OVERWRITE DIRECTORY '/tmp/iox_gate_pwned' SELECT 1", "not as a read-only query"),
-    ("CACHE TABLE pwned AS SELECT 1", "not as a read-only query"),
-    ("SET spark.sql.ansi.enabled=false", "not as a read-only query"),
-    ("DROP VIEW __iox_scan_0", "not as a read-only query"),
-    ("EXECUTE IMMEDIATE 'SELECT 1'", "not as a read-only query"),
-    ("DECLARE pwned INT", "not as a read-only query"),
-    ("ADD JAR /tmp/evil.jar", "not as a read-only query"),
-    ("SELECT reflect('java.lang.System', 'getenv', 'HOME')", "reflect"),
-    ("SELECT `java_method`('java.lang.System', 'getenv', 'HOME')", "java_method"),
-    ("SELECT system.builtin.abs(1)", "allowed list"),
-    ("SELECT input_file_name() FROM __iox_scan_0", "input_file_name"),
-    ("SELECT current_user", "current_user"),
-    ("SELECT city FROM __iox_scan_0 GROUP BY city HAVING max(session_user) > ''", "session_user"),
-    ("SELECT IDENTIFIER('reflect')('a', 'b')", "IDENTIFIER"),
-    ("SELECT * FROM IDENTIFIER('h2o')", "relation"),
-    ("SELECT * FROM parquet.`/etc`", "relation"),
-    ("SELECT * FROM h2o", "relation"),
-    ("SELECT * FROM global_temp.x", "relation"),
-    ("SELECT * FROM range(3)", "table function"),
-    ("SELECT * FROM __iox_scan_0 LATERAL VIEW reflect('a', 'b') t AS x", "reflect"),
-    ("SELECT /*+ FOO(t) */ 1", "hint"),
-    ("WITH `a, b` AS (SELECT 1) SELECT * FROM `a, b`", "CTE name"),
-    ("SELECT 1; SELECT 2", "does not parse"),
-    ("SELECT current_path FROM __iox_scan_0", "CurrentPath"),  # the parser builds it: no function call to check
-    ("SELECT (SELECT first(user) FROM __iox_scan_0) AS u FROM __iox_scan_0", "user()"),
-    ("SELECT city FROM __iox_scan_0 o WHERE o.city <> (SELECT max(`user`) FROM __iox_scan_0)", "user()"),
-])
+@pytest.mark.parametrize(("text", "needle"), GATE_REFUSED)
 def test_the_last_gate_refuses_what_is_not_a_read_only_query_over_the_views(spark: Any, text: str,
                                                                             needle: str) -> None:
     from spark_jobs.gate import check_query_text
@@ -346,15 +319,7 @@ def test_the_last_gate_refuses_what_is_not_a_read_only_query_over_the_views(spar
     assert not Path("/tmp/iox_gate_pwned").exists()
 
 
-@pytest.mark.parametrize("text", [
-    "SELECT city FROM __iox_scan_0",
-    "WITH h2o AS (SELECT city FROM __iox_scan_0) SELECT * FROM h2o",
-    "SELECT city AS user FROM __iox_scan_0",
-    "SELECT col FROM explode(array(1, 2))",
-    "SELECT /*+ BROADCAST(a) */ a.city FROM __iox_scan_0 a",
-    "SELECT x FROM __iox_scan_0 LATERAL VIEW explode(array(1)) t AS x",
-    "WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r WHERE n < 3) SELECT n FROM r",
-])
+@pytest.mark.parametrize("text", GATE_ALLOWED)
 def test_the_last_gate_lets_read_only_queries_over_the_views_through(spark: Any, text: str) -> None:
     from spark_jobs.gate import check_query_text
 

@@ -1,7 +1,8 @@
 """The CLI's Spark work, launched the one way every caller launches a job (`spark_jobs/launch.py` `launcher`: in
-this process by default, through spark-submit with `IOX_RUNNER=spark-submit`): a query's result printed or written,
-a compaction, a bulk load; and EXPLAIN ANALYZE, which runs node by node on this process's session. Both runners run
-the same job (`spark_jobs/job.py`) and give identical results. Imported only by commands that run Spark."""
+this process by default, through spark-submit with `IOX_RUNNER=spark-submit`, on a Spark Connect server with
+`IOX_RUNNER=connect`): a query's result printed or written, a compaction, a bulk load; and EXPLAIN ANALYZE, which
+runs node by node on this process's session (the Connect one under `connect`). Every runner runs the same job
+(`spark_jobs/job.py`) and gives identical results. Imported only by commands that run Spark."""
 
 from __future__ import annotations
 
@@ -128,13 +129,13 @@ def analyze(plan: QueryPlan, timeout_s: int | None = None) -> str:
     from spark_jobs.budget import query_budget
     from spark_jobs.errors import spark_errors
     from spark_jobs.execute import execute
-    from spark_jobs.session import shared_session
+    from spark_jobs.launch import analysis_session
 
     from iox_planner.planner.explain import render_tree
     from iox_planner.planner.nodes import DeduplicateExec, PlanNode
 
     started = time.perf_counter()
-    spark = shared_session()
+    spark = analysis_session()
     with spark_errors(plan), query_budget(spark, query_timeout_s(timeout_s)):
         execution = execute(spark, plan, warehouse(), analyze=True)
         rows = execution.result.count()

@@ -1,8 +1,8 @@
 """How a job is launched: the runner setting (IOX_RUNNER, read and validated here and nowhere else), the one
 interface every launcher offers (`Launcher`: run a job and get its report; fetch a plan's result back as Arrow),
 and the launcher that runs a job through spark-submit (`SubmitLauncher`). The in-process launcher needs pyspark
-and lives with the jobs (`spark_jobs/launch.py`, which also picks one by the setting). A remote Spark Connect
-runner would be a third member of `Runner` and a launcher whose session is `SparkSession.builder.remote(...)`.
+and lives with the jobs (`spark_jobs/launch.py`, which also picks one by the setting), as does the Spark Connect
+launcher (its session `spark_jobs/connect.py` `shared_remote`, on the server `server.py` manages or names).
 
 The CLI and `iox-batch materialized refresh` launch through these; `iox_refresh` uses `SubmitLauncher` (no Spark in
 an Airflow worker); the DAGs' operator submits the same job specs with the same settings (`jobs.py`, `conf.py`)."""
@@ -23,10 +23,12 @@ from iox_planner.spark.submit import run_submit, spark_submit_command
 
 
 class Runner(str, Enum):
-    """Where a job's Spark driver runs: a SparkSession in this process, or a spark-submit job of its own."""
+    """Where a job's Spark driver runs: a SparkSession in this process, a spark-submit job of its own, or a Spark
+    Connect server (this process the client: no JVM here)."""
 
     IN_PROCESS = "in-process"
     SPARK_SUBMIT = "spark-submit"
+    CONNECT = "connect"
 
 
 def chosen_runner() -> Runner:

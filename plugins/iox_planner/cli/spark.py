@@ -1,0 +1,57 @@
+"""`iox-batch spark start|stop|status`: the project's own Spark Connect server (`iox_planner/spark/server.py`), which
+the `connect` runner (IOX_RUNNER=connect) queries over when IOX_SPARK_REMOTE names no other."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(sub: Any, commands: dict[str, Any]) -> None:
+    spark = sub.add_parser("spark", help="the project's own Spark Connect server (IOX_RUNNER=connect)")
+    spark_sub = spark.add_subparsers(dest="spark_command", required=True, metavar="ACTION")
+    start = spark_sub.add_parser("start", help="start it (or keep the one running) and wait until it answers")
+    start.add_argument("--port", type=int, help="port to listen on (default: a free one, recorded in .iox/)")
+    start.add_argument("--host", default="127.0.0.1",
+                       help="address to bind (default 127.0.0.1: only this machine reaches it)")
+    start.add_argument("--conf", action="append", default=[], metavar="spark.KEY=VALUE",
+                       help="a Spark setting of the server, e.g. spark.driver.memory=4g (repeatable)")
+    start.set_defaults(func=commands["start"])
+    stop = spark_sub.add_parser("stop", help="stop it and its Python workers")
+    stop.set_defaults(func=commands["stop"])
+    status = spark_sub.add_parser("status", help="whether it runs, its address, pid and log")
+    status.set_defaults(func=commands["status"])
+
+
+def start(args: argparse.Namespace, console: Any) -> int:
+    from iox_planner.errors import BadInputError
+    from iox_planner.spark.server import parse_conf, start as start_server
+
+    if args.port is not None and not 1 <= args.port <= 65535:
+        raise BadInputError(f"--port {args.port} is not a port; give one from 1 to 65535")
+    server = start_server(args.port, args.host, parse_conf(args.conf))
+    console.print(f"Spark Connect server running at {server.url()} (gate port {server.gate_port}, pid {server.pid}, "
+                  f"bound to {server.host}, log {server.log_file})")
+    return 0
+
+
+def stop(args: argparse.Namespace, console: Any) -> int:
+    from iox_planner.spark.server import stop as stop_server
+
+    server = stop_server()
+    console.print("no Spark Connect server was running" if server is None
+                  else f"stopped the Spark Connect server at {server.url()} (pid {server.pid})")
+    return 0
+
+
+def status(args: argparse.Namespace, console: Any) -> int:
+    """Exit 0 when it answers, 3 otherwise (so a script can wait on it)."""
+    from iox_planner.spark.server import status as server_status
+
+    server, state = server_status()
+    if server is None:
+        console.print("stopped: no Spark Connect server is recorded (iox-batch spark start)")
+    else:
+        console.print(f"{state}: {server.url()} (gate port {server.gate_port}, pid {server.pid}, bound to "
+                      f"{server.host}, log {server.log_file})")
+    return 0 if state == "running" else 3

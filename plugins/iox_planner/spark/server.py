@@ -1,0 +1,329 @@
+"""The project's own Spark Connect server, managed as its local Postgres is (`catalog/localpg.py`): started by
+`iox-batch spark start` or on demand by the `connect` runner, reused while it answers, found through a state file
+(`.iox/spark-connect.json`, mode 0600: pid, address, ports, log, the gate's token), stopped by `iox-batch spark
+stop`. A file lock stops two starts racing; a state file whose process is gone (or is no longer this server) is
+stale and replaced.
+
+The server is one Python process (`spark_jobs/connect_server.py`): a SparkSession whose JVM runs Spark's Connect
+plugin, and beside it the last gate's parse endpoint, which answers only with this token. It runs in its own process
+group (a stop reaches its JVM and Python workers), bound to 127.0.0.1 unless told otherwise, its workers in this
+virtualenv (`conf.spark_env`), with the settings of every iox-batch session (`conf.session_conf`). Another
+server (IOX_SPARK_REMOTE) is one started the same way elsewhere: its gate's port and token come from
+IOX_SPARK_GATE_PORT and IOX_SPARK_GATE_TOKEN. Part of the Spark seam: imports no pyspark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from filelock import FileLock
+
+from iox_planner import config
+from iox_planner.config import state_dir
+from iox_planner.errors import BadInputError, SparkUnavailableError
+from iox_planner.spark.conf import spark_env
+
+REMOTE_ENV = config.SPARK_REMOTE.name
+GATE_PORT_ENV = config.SPARK_GATE_PORT.name
+GATE_TOKEN_ENV = config.SPARK_GATE_TOKEN.name
+SERVER_MODULE = "spark_jobs.connect_server"
+GATE_PATH = "/parse"
+GATE_MAX_BYTES = 4 * 1_048_576
+"""The largest text the gate reads: four times the planner's IOX_MAX_SQL_BYTES default, room for its edits."""
+GATE_TIMEOUT_S = 30.0
+"""How long the client waits on the gate: a parse takes milliseconds; a server that does not answer is refused."""
+START_TIMEOUT_S = 180
+"""How long a start may take to answer: about 20 s here under load; a JVM still silent after this is wedged."""
+STOP_GRACE_S = 15
+"""After SIGTERM (the JVM's shutdown hooks remove Spark's temporary folders), how long before SIGKILL."""
+_MIN_TOKEN = 32
+
+_REMOTE = re.compile(r"sc://(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):"
+                     r"(?P<port>[0-9]{1,5})/?")
+
+
+@dataclass(frozen=True)
+class ConnectServer:
+    pid: int
+    host: str
+    port: int
+    gate_port: int
+    token: str
+    log_file: str
+
+    def reach(self) -> str:
+        """The address a client on this machine uses (a server bound to every address answers on loopback)."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+
+    def url(self) -> str:
+        return f"sc://{self.reach()}:{self.port}"
+
+    def remote(self) -> Remote:
+        return Remote(self.url(), self.reach(), self.gate_port, self.token)
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Where a `connect` session goes: the Spark Connect address, and the gate's host, port and token."""
+
+    url: str
+    gate_host: str
+    gate_port: int
+    token: str
+
+    def __repr__(self) -> str:  # never the token, in a traceback or a log
+        return f"Remote({self.url!r}, gate {self.gate_host}:{self.gate_port})"
+
+
+def check_remote(url: str, what: str = REMOTE_ENV) -> tuple[str, int]:
+    """The host and port of `url` if it is `sc://HOST:PORT` (a name or address and a port from 1 to 65535), else a
+    one-paragraph error. Nothing else is allowed in it: Spark Connect reads `;key=value` parameters (a token, TLS, a
+    user id) from the URL, which are a deployment's business, not a setting to pass through unread."""
+    found = _REMOTE.fullmatch(url.strip())
+    if found is None or not 1 <= int(found.group("port")) <= 65535:
+        raise BadInputError(f"{what}={url[:80]!r} is not a Spark Connect address; give sc://HOST:PORT (for example "
+                            "sc://127.0.0.1:15002), or unset it to use the project's own server (iox-batch spark "
+                            "start)")
+    return found.group("host"), int(found.group("port"))
+
+
+def check_token(token: str, what: str = GATE_TOKEN_ENV) -> str:
+    """`token` if it is at least 32 printable ASCII characters without spaces (it travels in an HTTP header)."""
+    if len(token) < _MIN_TOKEN or len(token) > 512 or not all(33 <= ord(c) < 127 for c in token):
+        raise BadInputError(f"{what} is not a usable gate token; set {_MIN_TOKEN} or more printable ASCII characters "
+                            "without spaces (for example the output of `openssl rand -hex 32`), the same for the "
+                            "server and its clients")
+    return token
+
+
+def remote() -> Remote:
+    """IOX_SPARK_REMOTE (its gate on the same host, IOX_SPARK_GATE_PORT or the Connect port + 1, with
+    IOX_SPARK_GATE_TOKEN), else the project's own server (started on demand and reused)."""
+    env = config.SPARK_REMOTE.read()
+    if not env:
+        return ensure_running().remote()
+    host, port = check_remote(env)
+    token = config.SPARK_GATE_TOKEN.read()
+    if not token:
+        raise BadInputError(f"{REMOTE_ENV} names a Spark Connect server but {GATE_TOKEN_ENV} is not set: the last gate "
+                            "reads each query with that server's parser through its gate endpoint, which answers "
+                            "only with the token its server was started with; set it, or unset "
+                            f"{REMOTE_ENV} to use the project's own server")
+    gate_port = config.SPARK_GATE_PORT.read() or port + 1
+    if gate_port > 65_535:
+        raise BadInputError(f"{REMOTE_ENV} uses port {port}, so its gate's default port ({gate_port}) is not a port; "
+                            f"set {GATE_PORT_ENV}")
+    return Remote(f"sc://{host}:{port}", host.strip("[]"), gate_port, check_token(token))
+
+
+# --- state -----------------------------------------------------------------------------------------------------
+
+
+def _state_file() -> Path:
+    return state_dir() / "spark-connect.json"
+
+
+def _lock() -> FileLock:
+    return FileLock(str(state_dir() / "spark-connect.lock"), timeout=START_TIMEOUT_S + 60)
+
+
+def _recorded() -> ConnectServer | None:
+    try:
+        return ConnectServer(**json.loads(_state_file().read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _record(server: ConnectServer) -> None:
+    """The state file, readable by this user only (it holds the gate's token), replaced whole."""
+    staged = _state_file().with_suffix(".tmp")
+    staged.unlink(missing_ok=True)
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(asdict(server)))
+    os.replace(staged, _state_file())
+
+
+def _is_ours(pid: int) -> bool:
+    """`pid` runs (not a zombie) and is a Spark Connect server: a pid reused by another process is not ours."""
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+        cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" and SERVER_MODULE.encode() in cmdline.split(b"\0")
+
+
+def _answers(server: ConnectServer) -> bool:
+    """Both ports accept a connection (the gate opens only once the session, and Connect with it, is up)."""
+    for port in (server.port, server.gate_port):
+        try:
+            with socket.create_connection((server.reach(), port), timeout=0.5):
+                pass
+        except OSError:
+            return False
+    return True
+
+
+def status() -> tuple[ConnectServer | None, str]:
+    """The recorded server and what it is doing: `running`, `starting` (its process runs, its port does not
+    answer yet), `stale` (recorded, but its process is gone), or `stopped` (nothing recorded)."""
+    server = _recorded()
+    if server is None:
+        return None, "stopped"
+    if not _is_ours(server.pid):
+        return server, "stale"
+    return server, "running" if _answers(server) else "starting"
+
+
+# --- start and stop --------------------------------------------------------------------------------------------
+
+
+def ensure_running() -> ConnectServer:
+    """The project's server, started if it is not running (see `start`)."""
+    server, state = status()
+    if state == "running" and server is not None:
+        return server
+    return start()
+
+
+def start(port: int | None = None, host: str = "127.0.0.1", conf: Mapping[str, str] | None = None) -> ConnectServer:
+    """Start the project's Spark Connect server, or return the one already running (idempotent: `port`, `host` and
+    `conf` apply to a new start only). A stale record (its process gone) is replaced. Waits until it answers.
+    The gate's token is IOX_SPARK_GATE_TOKEN when set (a deployment whose clients are elsewhere shares it), else
+    a new random one, known only through the state file."""
+    with _lock():
+        server, state = status()
+        if server is not None and state in ("running", "starting"):
+            return _wait(server, None)
+        _state_file().unlink(missing_ok=True)
+        token = config.SPARK_GATE_TOKEN.read()
+        server, proc = launch(state_dir() / "spark-connect.log", port, host, conf,
+                              token=check_token(token) if token else None)
+        _record(server)
+        try:
+            return _wait(server, proc)
+        except BaseException:
+            _stop_group(server.pid)
+            _state_file().unlink(missing_ok=True)
+            raise
+
+
+def launch(log: Path, port: int | None = None, host: str = "127.0.0.1", conf: Mapping[str, str] | None = None,
+           token: str | None = None) -> tuple[ConnectServer, subprocess.Popen[bytes]]:
+    """Start a Connect server process in a process group of its own, its output appended to `log`; nothing
+    recorded, not waited for (`start` does both; a test starts a private server it may kill with this). The gate
+    listens on `port` + 1 when `port` is given (what IOX_SPARK_GATE_PORT defaults to), else on a free port."""
+    chosen = port or _free_port(host)
+    gate_port = chosen + 1 if port else _free_port(host, avoid=chosen)
+    token = token or secrets.token_hex(32)
+    # The token reaches the server in its environment (a command line is readable by every user of the machine);
+    # the server takes it out before its JVM starts.
+    env = {**os.environ, **spark_env(), GATE_TOKEN_ENV: token}
+    with open(log, "ab") as sink:
+        proc = subprocess.Popen(server_command(chosen, gate_port, host, conf), stdin=subprocess.DEVNULL,
+                                stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=str(log.parent),
+                                start_new_session=True)
+    return ConnectServer(proc.pid, host, chosen, gate_port, token, str(log)), proc
+
+
+def wait_until_up(server: ConnectServer, proc: subprocess.Popen[bytes]) -> ConnectServer:
+    """`server` once it answers; `SparkUnavailableError` if its process ends first or it stays silent."""
+    return _wait(server, proc)
+
+
+def stop_server(server: ConnectServer) -> None:
+    """Stop `server`'s whole process group (its JVM and Python workers), SIGKILL after `STOP_GRACE_S`."""
+    _stop_group(server.pid)
+
+
+def server_command(port: int, gate_port: int, host: str, conf: Mapping[str, str] | None = None) -> list[str]:
+    """The server process: this interpreter running `spark_jobs/connect_server.py` (the user's `--conf` passed on;
+    it adds iox-batch's session settings and what the server must have whatever they say)."""
+    cmd = [sys.executable, "-m", SERVER_MODULE, "--host", host, "--port", str(port), "--gate-port", str(gate_port)]
+    for key, value in (conf or {}).items():
+        cmd += ["--conf", f"{key}={value}"]
+    return cmd
+
+
+def _wait(server: ConnectServer, proc: subprocess.Popen[bytes] | None) -> ConnectServer:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not _answers(server):
+        ended = proc.poll() if proc is not None else (None if _is_ours(server.pid) else -1)
+        if ended is not None:
+            raise SparkUnavailableError(f"the Spark Connect server did not start (exit status {ended}); its log "
+                                        f"{server.log_file} says why: {_log_tail(server.log_file)}")
+        if time.monotonic() > deadline:
+            raise SparkUnavailableError(f"the Spark Connect server (pid {server.pid}) did not answer on ports "
+                                        f"{server.port} and {server.gate_port} within {START_TIMEOUT_S} s; see its log {server.log_file}")
+        time.sleep(0.25)
+    return server
+
+
+def stop() -> ConnectServer | None:
+    """Stop the project's server if one is recorded (and its process is still the server); returns what was
+    stopped. Its whole process group goes: the JVM and its Python workers."""
+    with _lock():
+        server = _recorded()
+        if server is not None and _is_ours(server.pid):
+            _stop_group(server.pid)
+        _state_file().unlink(missing_ok=True)
+        return server
+
+
+def _stop_group(pid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline:
+            try:
+                os.waitpid(pid, os.WNOHANG)  # our own child (a start that failed): reap it
+            except ChildProcessError:
+                pass
+            if not _is_ours(pid):
+                return
+            time.sleep(0.2)
+
+
+def _free_port(host: str, avoid: int = 0) -> int:
+    while True:
+        with socket.socket() as sock:
+            sock.bind((host if host not in ("0.0.0.0", "::") else "", 0))
+            port = int(sock.getsockname()[1])
+        if port != avoid:
+            return port
+
+
+def _log_tail(path: str, lines: int = 3) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    wanted = [line for line in text.splitlines() if "ERROR" in line or "Exception" in line] or text.splitlines()
+    return " / ".join(wanted[-lines:])[:800]
+
+
+def parse_conf(items: Sequence[str]) -> dict[str, str]:
+    """`--conf key=value` options of `iox-batch spark start`."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().startswith("spark."):
+            raise BadInputError(f"--conf {item[:80]!r} is not a Spark setting; give spark.KEY=VALUE (for example "
+                                "--conf spark.driver.memory=4g)")
+        out[key.strip()] = value.strip()
+    return out

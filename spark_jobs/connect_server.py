@@ -1,0 +1,136 @@
+"""The project's Spark Connect server, one Python process (`python -m spark_jobs.connect_server`, started by
+`iox-batch spark start`: `iox_planner/spark/server.py`): a SparkSession whose JVM runs Spark's Connect plugin (the
+server the `connect` runner's sessions use), and beside it the last gate's parse endpoint.
+
+Spark Connect has no parse-only call: EXPLAIN analyzes, and analysis runs EXECUTE IMMEDIATE's statement (`EXPLAIN
+EXTENDED EXECUTE IMMEDIATE 'CREATE TABLE ...'` creates the table). The endpoint gives the client what the
+in-process gate reads: the JSON of the plan this JVM's own SQL parser builds for the exact text
+(`gate.parsed_plan_json`), nothing analyzed or run, nothing else offered. HTTP on the server's address: POST
+`/parse` with `Authorization: Bearer <token>` (the token comes in the environment, never on the command line), one
+UTF-8 text of at most `GATE_MAX_BYTES`; the answer is JSON, `{"plan": ...}` or `{"error": ..., "message": ...}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import os
+import signal
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Sequence
+
+from iox_planner import config
+from iox_planner.errors import BadQueryError, IoxError
+from iox_planner.spark.server import GATE_MAX_BYTES, GATE_PATH, check_token, parse_conf
+
+CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
+_BUSY = 8
+"""Parses at once; more are refused (503) rather than queued without bound."""
+_READ_TIMEOUT_S = 10
+"""A client that does not send its whole request within this is dropped."""
+
+
+def server_conf(host: str, port: int, conf: dict[str, str]) -> dict[str, str]:
+    """The user's `--conf`, then what the server must have whatever it says: Connect in the driver, and where it
+    listens (the session's own settings, `spark/conf.py` `session_conf`, are added by `build_session`)."""
+    return {**conf, "spark.plugins": CONNECT_PLUGIN, "spark.connect.grpc.binding.address": host,
+            "spark.connect.grpc.binding.port": str(port)}
+
+
+def gate_handler(spark: Any, token: str) -> type[BaseHTTPRequestHandler]:
+    from spark_jobs.gate import parsed_plan_json
+
+    expected = f"Bearer {token}".encode()
+    busy = threading.BoundedSemaphore(_BUSY)
+
+    class Gate(BaseHTTPRequestHandler):
+        timeout = _READ_TIMEOUT_S
+        server_version = "iox-gate"
+        sys_version = ""
+
+        def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+            if self.path != GATE_PATH:
+                return self._answer(404, {"error": "not_found", "message": f"only POST {GATE_PATH}"})
+            if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected):
+                return self._answer(401, {"error": "unauthorized", "message": "the gate token was not accepted"})
+            length = self.headers.get("Content-Length", "")
+            if not length.isdigit() or int(length) > GATE_MAX_BYTES:
+                return self._answer(413, {"error": "too_large",
+                                          "message": f"one text of at most {GATE_MAX_BYTES} bytes, with its length"})
+            try:
+                text = self.rfile.read(int(length)).decode("utf-8")
+            except (OSError, UnicodeDecodeError):
+                return self._answer(400, {"error": "bad_text", "message": "the text is not whole UTF-8"})
+            if not busy.acquire(blocking=False):
+                return self._answer(503, {"error": "busy", "message": f"more than {_BUSY} parses at once"})
+            try:
+                return self._answer(200, {"plan": parsed_plan_json(spark, text)})
+            except BadQueryError as err:
+                return self._answer(200, {"error": "parse", "message": str(err)})
+            except Exception as err:  # noqa: BLE001 - the client refuses the query on any other answer
+                return self._answer(500, {"error": "internal", "message": type(err).__name__})
+            finally:
+                busy.release()
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._answer(405, {"error": "method", "message": f"only POST {GATE_PATH}"})
+
+        do_PUT = do_DELETE = do_PATCH = do_HEAD = do_GET  # noqa: N815
+
+        def _answer(self, status: int, body: dict[str, str]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+            pass  # a line per query is noise in the server's log; the texts are the users' own
+
+    return Gate
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--gate-port", type=int, required=True)
+    parser.add_argument("--conf", action="append", default=[])
+    args = parser.parse_args(argv)
+    try:
+        token = check_token(config.SPARK_GATE_TOKEN.read() or "")
+        # Out of the environment before the JVM starts: its Python workers must not inherit it.
+        os.environ.pop(config.SPARK_GATE_TOKEN.name, None)
+        conf = server_conf(args.host, args.port, parse_conf(args.conf))
+    except IoxError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    from spark_jobs.session import build_session
+
+    spark = build_session(app="iox-batch Spark Connect", conf=conf)
+    gate = ThreadingHTTPServer((args.host, args.gate_port), gate_handler(spark, token))
+    gate.daemon_threads = True
+    # SIGTERM (iox-batch spark stop, to the whole group) ends the gate, then the session, then the process.
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=gate.shutdown, daemon=True).start())
+    print(f"iox-batch Spark Connect server: Connect on {args.host}:{args.port}, gate on {args.host}:"
+          f"{args.gate_port}", file=sys.stderr, flush=True)
+    try:
+        gate.serve_forever()
+    finally:
+        gate.server_close()
+        try:
+            spark.stop()
+        except Exception:  # noqa: BLE001 - the JVM had the same signal and may be gone already
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
