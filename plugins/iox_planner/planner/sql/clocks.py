@@ -33,6 +33,9 @@ BARE_CLOCK_WORDS = frozenset({"current_time", "localtime"})
 def mark_clocks(statement: exp.Query, source: Source, tables: Mapping[str, TableSchema]) -> None:
     """Mark every pinned clock call of the query as written with its kind (`CLOCK`)."""
     columns = {c for schema in tables.values() for c in schema.columns}
+    # Every name the query itself gives (aliases, a subquery's columns, lambda variables, LATERAL VIEW columns):
+    # Spark reads a bare clock word as one of these where it is in scope, and as the clock only elsewhere.
+    named = {ident.name.lower() for ident in statement.find_all(exp.Identifier)}
     for node in statement.walk():
         if not isinstance(node, exp.Func) or CALL not in node.meta:
             continue
@@ -47,10 +50,11 @@ def mark_clocks(statement: exp.Query, source: Source, tables: Mapping[str, Table
         if not called:
             if name not in _BARE:
                 continue
-            if source.sql[start:end] in columns:
-                raise BadQueryError(f"{source.sql[start:end]!r} is both a column and a clock function Spark "
-                                    "would call for it; qualify the column (t.current_date) or call the "
-                                    "function with parentheses")
+            if source.sql[start:end] in columns or source.sql[start:end].lower() in named:
+                raise BadQueryError(f"{source.sql[start:end]!r} is both a name of the query (a column, an alias, a "
+                                    "lambda variable) and a clock function Spark would call for it; qualify "
+                                    "the column (t.current_date), rename the alias, or call the function with "
+                                    "parentheses")
         elif i is not None and source.group_end(i + 1) != i + 2:
             continue  # arguments: unix_timestamp(x) reads x, not the clock
         node.meta[CLOCK] = kind

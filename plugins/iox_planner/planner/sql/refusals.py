@@ -182,7 +182,8 @@ _SIZE_ARGUMENTS: dict[str, tuple[int, ...]] = {
 }
 _FORMATTERS = frozenset({"format_string", "printf"})
 _MULTIPLYING = frozenset({"repeat", "array_repeat"})
-"""Calls whose result is their first argument's value that many times: nested, their counts multiply."""
+"""Calls whose result is their first argument's value that many times: what the sized calls inside their first
+argument build multiplies by their count."""
 # A Java format specifier's width and precision (`%-2000000000s`, `%.9999999f`). Java's `\d` is ASCII only, so
 # these patterns are written with [0-9] (Python's `\d` would take any script's digits).
 _SPECIFIER = re.compile(r"%(?:[0-9]+\$)?[-#+ 0,(<]*([0-9]+)?(?:\.([0-9]+))?[a-zA-Z%]")
@@ -192,7 +193,8 @@ _CONVERSIONS = set("bBhHsScCdoxXeEfgGaA%n")
 _TIME_CONVERSIONS = set("HIklMSLNpzZsQBbhAaCYyjmdeRTrDFc")
 
 
-def check_allocations(statement: exp.Query, source: Source, limits: SqlLimits) -> None:
+def check_allocations(statement: exp.Query, source: Source, limits: SqlLimits,
+                      params: Mapping[str, object] | None = None) -> None:
     """Calls whose size is a constant of the query stay within `IOX_MAX_SQL_ALLOC`: `repeat('x', 2147483647)`
     would take the driver's memory before any row is read, and nothing after planning could stop it cleanly.
     Repeats of repeats multiply: `repeat(repeat('x', 10000), 10000)` builds 10^8."""
@@ -208,39 +210,49 @@ def check_allocations(statement: exp.Query, source: Source, limits: SqlLimits) -
             continue
         shown = f"{name}(...)"
         for position in _SIZE_ARGUMENTS.get(name, ()):
-            size = _constant(arguments, position)
+            size = _constant(arguments, position, params)
+            if size is None and position < len(arguments) and name != "format_number":  # its 2nd: a format too
+                _refuse_unknown_constant(shown, arguments[position])
             if size is not None and abs(size) > limits.max_alloc:
                 raise alloc_error(shown, abs(size), limits)
-            if size is not None and name in _MULTIPLYING:
+            if size is not None:
                 repeats[id(node)] = (node, abs(size))
         if name in _FORMATTERS and arguments and len(arguments[0]) == 1 \
                 and arguments[0][0].token_type is TokenType.STRING:
-            for width, precision in _SPECIFIER.findall(arguments[0][0].text):
-                size = max(int(width or 0), int(precision or 0))
-                if size > limits.max_alloc:
-                    raise alloc_error(shown, size, limits)
+            # The widths add up: eight specifiers of 16M each build 128M characters.
+            size = sum(max(int(width or 0), int(precision or 0))
+                       for width, precision in _SPECIFIER.findall(arguments[0][0].text))
+            if size > limits.max_alloc:
+                raise alloc_error(shown, size, limits)
             _check_format(name, arguments[0][0].text, len(arguments) - 1)
+        elif name in _FORMATTERS and arguments:
+            _refuse_unknown_constant(shown, arguments[0], "format")
         if name == "sequence":
-            start, stop = _constant(arguments, 0), _constant(arguments, 1)
-            step = _constant(arguments, 2) if len(arguments) > 2 else 1
+            start, stop = _constant(arguments, 0, params), _constant(arguments, 1, params)
+            step = _constant(arguments, 2, params) if len(arguments) > 2 else 1
             if start is not None and stop is not None and step:
                 count = abs(stop - start) // abs(step) + 1
                 if count > limits.max_alloc:
                     raise alloc_error(shown, count, limits)
+                repeats[id(node)] = (node, count)
     totals: dict[int, int] = {}
 
     def built(node: exp.Func) -> int:
-        """What a repeat builds: its count times the most any repeat in its first argument builds."""
+        """What a sized call builds: its own size, times, for a repeat, the most any sized call in its first
+        argument builds (`repeat(space(n), m)` builds n * m)."""
         if id(node) not in totals:
-            first = node.this if isinstance(node.this, exp.Expression) else next(iter(node.expressions), None)
-            inner = [built(repeats[id(d)][0]) for d in (first.walk() if first is not None else ())
-                     if id(d) in repeats]
-            totals[id(node)] = min(repeats[id(node)][1] * max(inner, default=1), 10**40)
+            own = repeats[id(node)][1]
+            if (call_name(node, source) or "").lower() in _MULTIPLYING:
+                first = node.this if isinstance(node.this, exp.Expression) else next(iter(node.expressions), None)
+                inner = [built(repeats[id(d)][0]) for d in (first.walk() if first is not None else ())
+                         if id(d) in repeats and d is not node]
+                own = min(own * max(inner, default=1), 10**40)
+            totals[id(node)] = own
         return totals[id(node)]
 
     for node, _ in repeats.values():
         if built(node) > limits.max_alloc:
-            raise alloc_error(f"{(call_name(node, source) or '').lower()}(...) of a repeat", built(node), limits)
+            raise alloc_error(f"{(call_name(node, source) or '').lower()}(...) of a sized value", built(node), limits)
 
 
 def _check_format(name: str, text: str, given: int) -> None:
@@ -288,12 +300,45 @@ def _call_arguments(source: Source, where: tuple[int, int]) -> list[list[Token]]
     return arguments
 
 
-def _constant(arguments: list[list[Token]], position: int) -> int | None:
-    """The integer an argument is when it is a constant of number literals (`_Folder`: signs, parentheses, + - *
-    / div, casts, suffixes), else None: a size the query computes from its data is a run-time matter."""
+def _constant(arguments: list[list[Token]], position: int, params: Mapping[str, object] | None = None) -> int | None:
+    """The integer an argument is when it is a constant of number literals and bound parameters (`_Folder`:
+    signs, parentheses, + - * / div, casts, suffixes), else None."""
     if position >= len(arguments):
         return None
-    return _Folder(arguments[position]).value()
+    return _Folder(arguments[position], params or {}).value()
+
+
+def _refuse_unknown_constant(shown: str, tokens: list[Token], what: str = "size") -> None:
+    """A size (or format) that reads no column is a constant Spark computes on the driver before any row is
+    read; one the folder cannot compute (CASE, coalesce(...), a string Spark casts) is refused rather than
+    trusted. A size computed from the data is a run-time matter (the driver's memory bound ends it clearly)."""
+    if not tokens or _reads_a_column(tokens):
+        return
+    raise BadQueryError(f"the {what} of {shown} is a constant iox-batch cannot compute before running (only number "
+                        f"literals, + - * /, casts and bound parameters are); write it as a number"
+                        + (" or one string literal" if what == "format" else "")
+                        + ", or compute it from the data")
+
+
+_CONSTANT_TOKENS = frozenset(getattr(TokenType, n) for n in """NUMBER STRING L_PAREN R_PAREN L_BRACKET R_BRACKET
+    COMMA PLUS DASH STAR SLASH DIV MOD LT GT LTE GTE EQ NEQ AND OR NOT CASE WHEN THEN ELSE END TRUE FALSE NULL
+    DPIPE PIPE AMP CARET TILDA SELECT ALIAS DCOLON""".split() if hasattr(TokenType, n))
+
+
+def _reads_a_column(tokens: list[Token]) -> bool:
+    """Whether an argument may read the rows: it has a token that is neither a constant's (literals, operators,
+    CASE, a scalar SELECT), nor a call's name, nor a type after AS or ::, nor a bound parameter's name. Any other
+    name (a column, a keyword used as one such as `temp`) counts as reading the rows."""
+    for i, token in enumerate(tokens):
+        kind = token.token_type
+        if kind in _CONSTANT_TOKENS or kind is TokenType.COLON:
+            continue
+        after = tokens[i + 1].token_type if i + 1 < len(tokens) else None
+        before = tokens[i - 1].token_type if i else None
+        if after is TokenType.L_PAREN or before in (TokenType.COLON, TokenType.ALIAS, TokenType.DCOLON):
+            continue
+        return True
+    return False
 
 
 _CAST_WORDS = frozenset({"CAST", "TRY_CAST"})
@@ -304,8 +349,9 @@ class _Folder:
     `- -n`, `2147483647L`, `2147483647::int`, `CAST('2147483647' AS INT)`. Anything else (a column, a call, a
     string that is not a whole number) makes the whole argument unknown: None."""
 
-    def __init__(self, tokens: list[Token]) -> None:
+    def __init__(self, tokens: list[Token], params: Mapping[str, object]) -> None:
         self.tokens = tokens
+        self.params = params
         self.at = 0
 
     def value(self) -> int | None:
@@ -365,6 +411,11 @@ class _Folder:
         token = self._take()
         if token.token_type is TokenType.NUMBER:
             return _number(token.text)
+        if token.token_type is TokenType.COLON:  # a bound parameter: its value is known when the query plans
+            value = self.params.get(self._take().text)
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise _NotConstant
+            return _number(str(value).strip())
         if token.token_type is TokenType.L_PAREN:
             value = self._sum()
             if self._take().token_type is not TokenType.R_PAREN:
@@ -374,7 +425,8 @@ class _Folder:
             inner = self._peek()
             if inner is not None and inner.token_type is TokenType.STRING:
                 self.at += 1
-                value = _number(inner.text.strip())
+                text = inner.text.strip()  # Spark's cast takes a sign and spaces around the digits
+                value = -_number(text[1:].strip()) if text.startswith("-") else _number(text.removeprefix("+").strip())
             else:
                 value = self._sum()
             if self._take().token_type is not TokenType.ALIAS:
