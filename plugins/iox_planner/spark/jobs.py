@@ -90,8 +90,26 @@ def _path(value: str | None) -> Path | None:
     return None if value is None else Path(value)
 
 
+class _QueryJob(JobSpec):
+    """The jobs that run a query (a plan, a part, a merge): their budget, report and fast start are fields of
+    theirs of those names."""
+
+    timeout_s: int
+    report: Path | None
+    fast_start: bool
+
+    def budget(self) -> int:
+        return self.timeout_s
+
+    def report_path(self) -> Path | None:
+        return self.report
+
+    def starts_fast(self) -> bool:
+        return self.fast_start
+
+
 @dataclass(frozen=True)
-class PlanJob(JobSpec):
+class PlanJob(_QueryJob):
     """A plan's result in `format` at `output` (`arrow`: the Arrow IPC file a caller reads back to print or convert);
     at most `limit_rows` rows when given (the CLI's bound on printed results)."""
 
@@ -107,15 +125,6 @@ class PlanJob(JobSpec):
     strategy: str | None = None
     limit_rows: int | None = None
     fast_start: bool = field(default=False, compare=False)
-
-    def budget(self) -> int:
-        return self.timeout_s
-
-    def report_path(self) -> Path | None:
-        return self.report
-
-    def starts_fast(self) -> bool:
-        return self.fast_start
 
     def args(self) -> list[str]:
         return ["--plan", str(self.plan), "--warehouse", str(self.warehouse), "--format", self.format.value,
@@ -138,7 +147,7 @@ class PlanJob(JobSpec):
 
 
 @dataclass(frozen=True)
-class PartJob(JobSpec):
+class PartJob(_QueryJob):
     """A fanned-out plan's part: each scan's rows (deduplicated, time still int64 nanoseconds) as Parquet under
     `output/<view>/`, which the merge reads back."""
 
@@ -152,15 +161,6 @@ class PartJob(JobSpec):
     warehouse: Path = field(default_factory=config.warehouse)
     report: Path | None = None
     fast_start: bool = field(default=False, compare=False)
-
-    def budget(self) -> int:
-        return self.timeout_s
-
-    def report_path(self) -> Path | None:
-        return self.report
-
-    def starts_fast(self) -> bool:
-        return self.fast_start
 
     def args(self) -> list[str]:
         return ["part", "--plan", str(self.plan), "--warehouse", str(self.warehouse), "--output", str(self.output),
@@ -176,7 +176,7 @@ class PartJob(JobSpec):
 
 
 @dataclass(frozen=True)
-class MergeJob(JobSpec):
+class MergeJob(_QueryJob):
     """The query's SQL over the parts in `parts/<k>/`, each scan's view the union of its parts; the result as
     `PlanJob` writes it."""
 
@@ -192,15 +192,6 @@ class MergeJob(JobSpec):
     warehouse: Path = field(default_factory=config.warehouse)
     report: Path | None = None
     fast_start: bool = field(default=False, compare=False)
-
-    def budget(self) -> int:
-        return self.timeout_s
-
-    def report_path(self) -> Path | None:
-        return self.report
-
-    def starts_fast(self) -> bool:
-        return self.fast_start
 
     def args(self) -> list[str]:
         return ["merge", "--plan", str(self.plan), "--warehouse", str(self.warehouse), "--parts", str(self.parts),
