@@ -96,3 +96,15 @@ def tree_digest(root: Path) -> dict[str, str]:
         elif path.is_dir():
             out[rel] = "dir"
     return out
+
+
+def materialized_env(tmp_path: Path, monkeypatch: Any) -> tuple[Path, Path]:
+    """A materialization's world of the test's own: an output root (made) and a definitions folder (left to the
+    test to fill), the in-process runner. Returns (output root, definitions folder)."""
+    out, defs = tmp_path / "out", tmp_path / "defs"
+    out.mkdir()
+    monkeypatch.setenv("IOX_OUTPUT_ROOT", str(out))
+    monkeypatch.delenv("IOX_OUTPUT_ROOTS", raising=False)
+    monkeypatch.setenv("IOX_MATERIALIZED_DIR", str(defs))
+    monkeypatch.delenv("IOX_RUNNER", raising=False)
+    return out, defs

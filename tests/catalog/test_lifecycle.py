@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 import sqlalchemy as sa
 import yaml
-from common_support import live_chunks
+from common_support import live_chunks, materialized_env
 from spark_support import cli, plan, run_jsonl
 
 from iox_planner.catalog.store import Catalog
@@ -146,13 +146,8 @@ def test_drop_table_races_a_query_planned_before_it(spark: object, catalog: Cata
 
 @pytest.fixture
 def defs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    out = tmp_path / "out"
-    out.mkdir()
-    monkeypatch.setenv("IOX_OUTPUT_ROOT", str(out))
-    monkeypatch.delenv("IOX_OUTPUT_ROOTS", raising=False)
-    monkeypatch.setenv("IOX_MATERIALIZED_DIR", str(tmp_path / "defs"))
-    monkeypatch.delenv("IOX_RUNNER", raising=False)
-    (tmp_path / "defs").mkdir()
+    out, folder = materialized_env(tmp_path, monkeypatch)
+    folder.mkdir()
     yield out
 
 

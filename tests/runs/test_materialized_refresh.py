@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import pytest
 import sqlalchemy as sa
 import yaml
-from common_support import live_chunks
+from common_support import live_chunks, materialized_env
 
 from iox_planner.catalog.store import Catalog
 from iox_planner.cli.main import main
@@ -89,13 +89,8 @@ def rows(path: Path) -> list[dict[str, Any]]:
 def setup(tmp_path: Path, catalog: Catalog, db: str, spark: object,
           monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     suffix = uuid.uuid4().hex[:8]
-    out = tmp_path / "out"
-    out.mkdir()
-    monkeypatch.setenv("IOX_OUTPUT_ROOT", str(out))
-    monkeypatch.delenv("IOX_OUTPUT_ROOTS", raising=False)
-    monkeypatch.setenv("IOX_MATERIALIZED_DIR", str(tmp_path / "defs"))
-    monkeypatch.delenv("IOX_RUNNER", raising=False)
-    yield {"names": definitions(tmp_path / "defs", db, suffix), "out": out}
+    out, folder = materialized_env(tmp_path, monkeypatch)
+    yield {"names": definitions(folder, db, suffix), "out": out}
 
 
 def materialize(name: str, start: int, end: int) -> None:
