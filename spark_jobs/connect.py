@@ -119,6 +119,9 @@ def release(spark: Any) -> None:
     the connection. Nothing is reported: the command's work is done and its result written."""
     _GATES.pop(id(spark), None)
     try:
+        # Whatever of this session still runs there (an operation a budget's interrupt reached before it had
+        # started) stops with the command, rather than holding the server's cores for the next one.
+        spark.interruptAll()
         spark.client.release_session()
     except Exception:  # noqa: BLE001 - a server gone by now has nothing left to release
         pass
