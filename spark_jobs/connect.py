@@ -78,14 +78,15 @@ def remote_session(remote: Remote) -> Any:
 _SHARED: Any = None
 
 
-def shared_remote() -> Any:
-    """This process's one Connect session, opened on first use on IOX_SPARK_REMOTE's server or the project's own
-    (`spark/server.py` `remote`, which starts it when it is not running)."""
+def shared_remote(where: Remote | None = None) -> Any:
+    """This process's one Connect session, opened on first use on `where` (an Airflow task's connection,
+    `dags/iox_airflow/spark.py`), else on IOX_SPARK_REMOTE's server or the project's own (`spark/server.py`
+    `remote`, which starts it when it is not running)."""
     global _SHARED
     if _SHARED is None:
         from iox_planner.spark.server import remote
 
-        _SHARED = remote_session(remote())
+        _SHARED = remote_session(where or remote())
     return _SHARED
 
 
@@ -125,7 +126,11 @@ def release(spark: Any) -> None:
         spark.client.release_session()
     except Exception:  # noqa: BLE001 - a server gone by now has nothing left to release
         pass
-    spark.client.close()
+    # `stop` closes the connection and forgets the session as the process's default and active one: a process that
+    # goes on (an Airflow task's retry under `dag.test`, a caller of the CLI's `main`) must get a new session from
+    # `getOrCreate`, not this closed one (whose successor would then find no active session). Released above.
+    spark.release_session_on_close = False
+    spark.stop()
 
 
 def gate_plan_json(spark: Any, text: str) -> str:
