@@ -95,11 +95,8 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
                        else job_failure(status, str(err), "the Spark job") if status is not None else None)
             found = _ERROR_LINE.findall(str(err))
             message = (str(failure) if failure is not None
-                       else found[-1] if found else f"the Spark job failed: {str(err).splitlines()[0]}")
-            if error_file is not None and error_file.parent.is_dir():
-                error_file.write_text(message)
-            if isinstance(failure, QueryTimeoutError):
-                raise AirflowFailException(message) from err
+                       else found[-1] if found else f"the Spark job failed: {_first_line(err)}")
+            _failed(error_file, message, failure, err)
             raise
         finally:
             done.set()
@@ -136,10 +133,7 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
 
             failure = err if isinstance(err, IoxError) else server_lost(err, url) or catalog_unavailable(err)
             message = str(failure) if failure is not None else f"the Spark job failed: {_first_line(err)}"
-            if error_file is not None and error_file.parent.is_dir():
-                error_file.write_text(message)
-            if isinstance(failure, QueryTimeoutError):
-                raise AirflowFailException(message) from err
+            _failed(error_file, message, failure, err)
             if failure is not None and failure is not err:
                 raise failure from err
             raise
@@ -173,6 +167,15 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def _failed(error_file: Path | None, message: str, failure: BaseException | None, err: BaseException) -> None:
+    """A failed job, either way: its one-paragraph `message` left beside its report for the commit step; a budget
+    run out fails the task without retries (the same query would only run out of time again)."""
+    if error_file is not None and error_file.parent.is_dir():
+        error_file.write_text(message)
+    if isinstance(failure, QueryTimeoutError):
+        raise AirflowFailException(message) from err
 
 
 def _first_line(err: BaseException) -> str:
