@@ -1,6 +1,7 @@
 """A private Spark Connect server for the tests that run on the `connect` runner (tests/spark_jobs/test_connect.py,
-tests/airflow/test_airflow_connect.py): started once per test session that asks for it (about 20 s), again when a
-test has killed it, never the project's own (`iox-batch spark start`), which a developer may be using."""
+tests/airflow/test_airflow_connect.py): started once per test session that asks for it (about 20 s; the
+`connect_server` fixture of tests/conftest.py), again when a test has killed it, never the project's own
+(`iox-batch spark start`), which a developer may be using."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The DAGs over Spark Connect (IOX_RUNNER=connect) with real Airflow (`dag.test()`), a real Connect server and
 real Postgres: a triggered `iox_query` and an `iox_compact` run publish what spark-submit publishes, with no JVM in
 the Airflow process (JAVA_HOME points nowhere); a run past its budget is cancelled on the server and fails without
-retries; a server lost mid-job fails the run task retryably.
+retries; a server lost mid-job fails the run task retryably; a connection that would pass credentials on in its
+URL is refused.
 
 The server is named the way a deployment names it to Airflow: the `iox_spark_connect` connection (the provider's
 `spark_connect` type, the gate in its extra). These runs have a dag.test process of their own: a Spark Connect
@@ -20,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from airflow_support import DagRunner, leftovers, locks, overlapping_chunks, query_runs
 from common_support import live_chunks
-from connect_support import SLOW, Server, private_server
+from connect_support import SLOW, Server
 from test_airflow_iox_query import EXPECTED, QUERY
 
 from iox_airflow.spark import connect_connection
@@ -28,11 +29,6 @@ from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.scenario import load_scenario, parse_scenario
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]
-
-
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    yield from private_server(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -93,15 +89,27 @@ def test_a_budget_run_out_over_connect_fails_without_retries_and_a_lost_server_i
     # One retry allowed, at once: the budget's failure must not take it, the lost server's must.
     env = {"IOX_SPARK_RETRIES": "1", "IOX_SPARK_RETRY_DELAY_S": "0"}
     slow = tmp_path / "slow.jsonl"
-    [budget] = connect_runner.run([{"dag_id": "iox_query", "conf": {
-        "db": h2o_db, "sql": SLOW, "output": str(slow), "format": "jsonl", "timeout_s": 3}}],
-        env={**env, **connection(connect_server)})
+    # And a connection that would pass a user id and token on in the URL: refused, its values never shown.
+    s = connect_server.server
+    secret = "s3cret-connect-token"
+    foreign = json.dumps({"conn_type": "spark_connect", "host": s.reach(), "port": s.port, "login": "someone",
+                          "password": secret, "extra": {"gate_port": s.gate_port, "gate_token": s.token}})
+    budget, refused = connect_runner.run([
+        {"dag_id": "iox_query", "conf": {"db": h2o_db, "sql": SLOW, "output": str(slow), "format": "jsonl",
+                                         "timeout_s": 3}},
+        {"dag_id": "iox_query", "conf": {"db": h2o_db, "sql": QUERY, "output": str(tmp_path / "no.jsonl"),
+                                         "format": "jsonl"}, "env": {"AIRFLOW_CONN_IOX_SPARK_CONNECT": foreign}},
+    ], env={**env, **connection(connect_server)})
     assert budget.get("state") == "failed", (budget.get("error"), budget["log"][-4000:])
     assert budget["tasks"]["run[0]"] == "failed" and budget["tries"]["run[0]"] == 1, budget["tries"]
     assert budget["seconds"] < 90, budget["seconds"]
     [run] = query_runs(catalog, dag_id="iox_query", run_id=budget["run_id"])
     assert run["status"] == "failed" and "time budget of 3 s" in run["error"], run["error"]
     assert not slow.exists()
+    assert refused.get("state") == "failed" and refused["tasks"]["run[0]"] == "failed", refused.get("error")
+    [run] = query_runs(catalog, dag_id="iox_query", run_id=refused["run_id"])
+    assert "sets a user id, a token or use_ssl" in run["error"] and secret not in run["error"], run["error"]
+    assert not (tmp_path / "no.jsonl").exists()
 
     # The server is killed while the job runs; the retry finds nothing listening, and fails the same way.
     lost = tmp_path / "lost.jsonl"

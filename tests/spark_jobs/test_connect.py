@@ -19,12 +19,12 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from common_support import assert_one_paragraph_error, live_chunks, run_cli
-from connect_support import SLOW, Server, private_server
+from connect_support import SLOW, Server
 from gate_support import GATE_ALLOWED, GATE_REFUSED
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.scenario import load_scenario, read_scenario
@@ -51,11 +51,6 @@ ROWS = [
     {"state": "MA", "city": "Boston", "min_temp": 67.4, "max_temp": None, "area": None,
      "time": "1970-01-01T00:00:00.00000055Z"},
 ]
-
-
-@pytest.fixture(scope="session")
-def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    yield from private_server(tmp_path_factory)
 
 
 @pytest.fixture
