@@ -2,7 +2,7 @@
 real Postgres: a triggered `iox_query` and an `iox_compact` run publish what spark-submit publishes, with no JVM in
 the Airflow process (JAVA_HOME points nowhere); a run past its budget is cancelled on the server and fails without
 retries; a server lost mid-job fails the run task retryably; a connection that would pass credentials on in its
-URL is refused.
+URL is refused; a materialized run and `iox_refresh` (a launcher of its own) run there too.
 
 The server is named the way a deployment names it to Airflow: the `iox_spark_connect` connection (the provider's
 `spark_connect` type, the gate in its extra). These runs have a dag.test process of their own: a Spark Connect
@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import os
 import threading
+import uuid
 from pathlib import Path
 from typing import Iterator
 
 import pyarrow.parquet as pq
 import pytest
-from airflow_support import DagRunner, leftovers, locks, overlapping_chunks, query_runs
+import yaml
+from airflow_support import T0, DagRunner, leftovers, locks, overlapping_chunks, query_runs
 from common_support import live_chunks
 from connect_support import SLOW, Server
 from test_airflow_iox_query import EXPECTED, QUERY
@@ -128,3 +130,37 @@ def test_a_budget_run_out_over_connect_fails_without_retries_and_a_lost_server_i
     assert "Traceback" not in run["error"]
     assert not lost.exists() and leftovers(tmp_path) == [] and locks(catalog) == []
     connect_server.up()  # for whoever comes next
+
+
+def test_a_materialized_run_and_its_refresh_over_connect(connect_runner: DagRunner, connect_server: Server,
+                                                         airflow_env: dict[str, str], catalog: Catalog,
+                                                         tmp_path: Path) -> None:
+    """`materialize_<name>` (the operator, as iox_query) publishes an hour; late data lands in it; `iox_refresh`
+    (its own launcher choice) recomputes it over Connect."""
+    from iox_planner.ingest import write as ingest
+
+    suffix = uuid.uuid4().hex[:8]
+    db, name = f"af_cx_{suffix}", f"cx_{suffix}"
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump({
+        "name": name, "db": db, "schedule": "@hourly", "start_date": "2024-01-01T00:00:00Z",
+        "end_date": "2024-01-01T01:00:00Z", "paused": True, "format": "jsonl", "output": "{name}/{start:%H}.jsonl",
+        "sql": "SELECT host, count(*) AS samples FROM cpu GROUP BY host"}))
+    ingest.write_line_protocol(catalog, db, "\n".join(
+        f"cpu,host={host} usage=1 {T0 + k * 10**9}" for k, host in enumerate(["h0", "h0", "h1"])))
+    env = {**connection(connect_server), "IOX_MATERIALIZED_DIR": str(folder)}
+    output = Path(airflow_env["IOX_OUTPUT_ROOT"]) / name / "00.jsonl"
+
+    def samples() -> dict[str, int]:
+        return {r["host"]: r["samples"] for r in map(json.loads, output.read_text().splitlines())}
+
+    [first] = connect_runner.run([{"dag_id": f"materialize_{name}", "logical_date": "2024-01-01T01:00:00Z"}], env=env)
+    assert first.get("state") == "success", (first.get("error"), first["log"][-4000:])
+    assert samples() == {"h0": 2, "h1": 1}
+    ingest.write_line_protocol(catalog, db, f"cpu,host=h1 usage=2 {T0 + 60 * 10**9}")  # late, into that hour
+    [refreshed] = connect_runner.run([{"dag_id": "iox_refresh"}], env=env)
+    assert refreshed.get("state") == "success", (refreshed.get("error"), refreshed["log"][-4000:])
+    assert refreshed["tasks"] == {"find_0": "success", "refresh_0[0]": "success"}
+    assert samples() == {"h0": 2, "h1": 2}
+    assert locks(catalog) == []
