@@ -66,9 +66,12 @@ def remote_session(remote: Remote) -> Any:
     spark.client.set_retry_policies([DefaultPolicy(max_retries=_RETRIES, max_backoff=_MAX_BACKOFF_MS)])
     try:
         _set_checked(spark, {k: v for k, v in session_conf().items() if k.startswith("spark.sql.")})
-    except IoxError:
-        raise
     except Exception as err:  # noqa: BLE001 - one paragraph for any way the server fails to answer
+        # Not left as the process's active session: the next `getOrCreate` (a task's retry) would return it, on
+        # whatever server it was opened.
+        _forget(spark)
+        if isinstance(err, IoxError):
+            raise
         raise server_lost(err, url) or IoxError(f"the Spark Connect server at {url} refused iox-batch's settings: "
                                                 f"{str(err).splitlines()[0][:300] if str(err) else err!r}") from err
     _GATES[id(spark)] = (spark, remote)
@@ -126,9 +129,14 @@ def release(spark: Any) -> None:
         spark.client.release_session()
     except Exception:  # noqa: BLE001 - a server gone by now has nothing left to release
         pass
-    # `stop` closes the connection and forgets the session as the process's default and active one: a process that
-    # goes on (an Airflow task's retry under `dag.test`, a caller of the CLI's `main`) must get a new session from
-    # `getOrCreate`, not this closed one (whose successor would then find no active session). Released above.
+    _forget(spark)
+
+
+def _forget(spark: Any) -> None:
+    """Close `spark`'s connection (its session released, or its server gone) and have PySpark forget it as the
+    process's default and active session (`stop` does both): a process that goes on (an Airflow task's retry under
+    `dag.test`, a caller of the CLI's `main`) must get a new session from `getOrCreate`, not this one (and a
+    successor of a closed one would find no active session)."""
     spark.release_session_on_close = False
     spark.stop()
 

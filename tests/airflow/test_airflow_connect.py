@@ -156,7 +156,8 @@ def test_a_materialized_run_and_its_refresh_over_connect(connect_runner: DagRunn
         return {r["host"]: r["samples"] for r in map(json.loads, output.read_text().splitlines())}
 
     [first] = connect_runner.run([{"dag_id": f"materialize_{name}", "logical_date": "2024-01-01T01:00:00Z"}], env=env)
-    assert first.get("state") == "success", (first.get("error"), first["log"][-4000:])
+    assert first.get("state") == "success", ([r["error"] for r in query_runs(catalog, dag_id=f"materialize_{name}")],
+                                             first["tasks"], first.get("error"))
     assert samples() == {"h0": 2, "h1": 1}
     ingest.write_line_protocol(catalog, db, f"cpu,host=h1 usage=2 {T0 + 60 * 10**9}")  # late, into that hour
     [refreshed] = connect_runner.run([{"dag_id": "iox_refresh"}], env=env)

@@ -48,6 +48,8 @@ START_TIMEOUT_S = 180
 STOP_GRACE_S = 15
 """After SIGTERM (the JVM's shutdown hooks remove Spark's temporary folders), how long before SIGKILL."""
 _MIN_TOKEN = 32
+_CLIENT_MODE = frozenset({"SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"})
+"""What PySpark sets in the environment of a process that opened a Spark Connect session."""
 
 _REMOTE = re.compile(r"sc://(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):"
                      r"(?P<port>[0-9]{1,5})/?")
@@ -236,8 +238,9 @@ def launch(log: Path, port: int | None = None, host: str = "127.0.0.1", conf: Ma
     gate_port = chosen + 1 if port else _free_port(host, avoid=chosen)
     token = token or secrets.token_hex(32)
     # The token reaches the server in its environment (a command line is readable by every user of the machine);
-    # the server takes it out before its JVM starts.
-    env = {**os.environ, **spark_env(), GATE_TOKEN_ENV: token}
+    # the server takes it out before its JVM starts. A process that is itself a Connect client (PySpark marks it in
+    # its environment) does not pass that on: the server's own session would try to be a client too.
+    env = {**{k: v for k, v in os.environ.items() if k not in _CLIENT_MODE}, **spark_env(), GATE_TOKEN_ENV: token}
     with open(log, "ab") as sink:
         proc = subprocess.Popen(server_command(chosen, gate_port, host, conf), stdin=subprocess.DEVNULL,
                                 stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=str(log.parent),
