@@ -28,7 +28,7 @@ iox-batch spark start
 step "the deduplicated rows (over Spark Connect): C5's SJ@600 replaces C4's, every other point stays"
 iox-batch query --db demo "$QUERY"
 
-step "the same query as a triggered Airflow run: airflow dags test iox_query"
+step "the same query as a triggered Airflow run, its Spark job on the same server: airflow dags test iox_query"
 python dags/iox_airflow/setup_airflow.py
 OUT="$PWD/output/demo_h2o.jsonl"
 mkdir -p output

@@ -18,8 +18,9 @@ export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False
 export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-2}"
 export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
 export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$_iox_root/.venv/bin/python}"
-# The CLI's queries run on the project's own Spark Connect server (a warm Spark: no JVM per command), started on
-# the first query or by `iox-batch spark start`, stopped by `iox-batch spark stop`. IOX_RUNNER=in-process runs
-# Spark in the command's own process instead; IOX_SPARK_REMOTE=sc://HOST:PORT names another server.
+# The CLI's queries and the DAGs' Spark steps run on the project's own Spark Connect server (a warm Spark: no JVM
+# per command or task), started on the first query or by `iox-batch spark start`, stopped by `iox-batch spark stop`.
+# IOX_RUNNER=in-process runs the CLI's Spark in the command's own process instead (and the DAGs' through
+# spark-submit); IOX_SPARK_REMOTE=sc://HOST:PORT names another server.
 export IOX_RUNNER="${IOX_RUNNER:-connect}"
 unset _iox_root

@@ -66,9 +66,12 @@ def remote_session(remote: Remote) -> Any:
     spark.client.set_retry_policies([DefaultPolicy(max_retries=_RETRIES, max_backoff=_MAX_BACKOFF_MS)])
     try:
         _set_checked(spark, {k: v for k, v in session_conf().items() if k.startswith("spark.sql.")})
-    except IoxError:
-        raise
     except Exception as err:  # noqa: BLE001 - one paragraph for any way the server fails to answer
+        # Not left as the process's active session: the next `getOrCreate` (a task's retry) would return it, on
+        # whatever server it was opened.
+        _forget(spark)
+        if isinstance(err, IoxError):
+            raise
         raise server_lost(err, url) or IoxError(f"the Spark Connect server at {url} refused iox-batch's settings: "
                                                 f"{str(err).splitlines()[0][:300] if str(err) else err!r}") from err
     _GATES[id(spark)] = (spark, remote)
@@ -78,14 +81,15 @@ def remote_session(remote: Remote) -> Any:
 _SHARED: Any = None
 
 
-def shared_remote() -> Any:
-    """This process's one Connect session, opened on first use on IOX_SPARK_REMOTE's server or the project's own
-    (`spark/server.py` `remote`, which starts it when it is not running)."""
+def shared_remote(where: Remote | None = None) -> Any:
+    """This process's one Connect session, opened on first use on `where` (an Airflow task's connection,
+    `dags/iox_airflow/spark.py`), else on IOX_SPARK_REMOTE's server or the project's own (`spark/server.py`
+    `remote`, which starts it when it is not running)."""
     global _SHARED
     if _SHARED is None:
         from iox_planner.spark.server import remote
 
-        _SHARED = remote_session(remote())
+        _SHARED = remote_session(where or remote())
     return _SHARED
 
 
@@ -125,7 +129,16 @@ def release(spark: Any) -> None:
         spark.client.release_session()
     except Exception:  # noqa: BLE001 - a server gone by now has nothing left to release
         pass
-    spark.client.close()
+    _forget(spark)
+
+
+def _forget(spark: Any) -> None:
+    """Close `spark`'s connection (its session released, or its server gone) and have PySpark forget it as the
+    process's default and active session (`stop` does both): a process that goes on (an Airflow task's retry under
+    `dag.test`, a caller of the CLI's `main`) must get a new session from `getOrCreate`, not this one (and a
+    successor of a closed one would find no active session)."""
+    spark.release_session_on_close = False
+    spark.stop()
 
 
 def gate_plan_json(spark: Any, text: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from iox_planner.spark.jobs import JobSpec, PlanJob
 from iox_planner.spark.launch import Launcher, Runner, SubmitLauncher, chosen_runner
+from iox_planner.spark.server import Remote
 
 
 def _stderr(line: str) -> None:
@@ -44,24 +45,29 @@ class InProcessLauncher:
 @dataclasses.dataclass
 class ConnectLauncher:
     """Jobs through the same wrapper as in-process, on this process's Spark Connect session (`connect.py`
-    `shared_remote`): queries, compaction and the bulk load (their tasks ride a `spark.range` mapped in Arrow,
-    `errors.run_tasks`, as a Connect session has no `sparkContext.parallelize`)."""
+    `shared_remote`, on `remote` when given: an Airflow task's connection): queries, compaction and the bulk load
+    (their tasks ride a `spark.range` mapped in Arrow, `errors.run_tasks`, as a Connect session has no
+    `sparkContext.parallelize`)."""
 
     progress: Callable[[str], None] = _stderr
     runner: Runner = Runner.CONNECT
+    remote: Remote | None = None
+
+    def _session(self) -> Any:
+        from spark_jobs.connect import shared_remote
+
+        return shared_remote(self.remote)
 
     def run(self, job: JobSpec) -> dict[str, Any]:
-        from spark_jobs.connect import shared_remote
         from spark_jobs.job import run_job
 
-        return dict(run_job(job, shared_remote, self.progress))
+        return dict(run_job(job, self._session, self.progress))
 
     def fetch(self, job: PlanJob) -> Any:
         from spark_jobs import query_job
-        from spark_jobs.connect import shared_remote
         from spark_jobs.job import run_job
 
-        return run_job(dataclasses.replace(job, report=None), shared_remote, self.progress, query_job.collect)
+        return run_job(dataclasses.replace(job, report=None), self._session, self.progress, query_job.collect)
 
 
 def launcher(runner: Runner | None = None, progress: Callable[[str], None] = _stderr) -> Launcher:

@@ -70,6 +70,15 @@ def spark(catalog_url: str) -> Iterator[object]:
     yield shared_session()
 
 
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The session's private Spark Connect server (tests/connect_support.py), shared by the `connect` runner's
+    tests and the DAGs' (each starts it again if a test killed it)."""
+    from connect_support import private_server
+
+    yield from private_server(tmp_path_factory)
+
+
 @pytest.fixture
 def empty_catalog() -> Iterator[str]:
     """A brand-new, unmigrated catalog database."""

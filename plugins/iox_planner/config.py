@@ -338,9 +338,10 @@ SPARK_CONF = _declare(Text(
     "none"))
 RUNNER = _declare(Choice(
     "IOX_RUNNER",
-    "how the CLI runs Spark jobs: one SparkSession in its own process, spark-submit as the DAGs do, or a session "
-    "on a warm Spark Connect server (`scripts/env.sh` sets `connect`; README: Spark Connect); all run the same job "
-    "and give the same rows",
+    "how the CLI runs Spark jobs: one SparkSession in its own process, spark-submit, or a session on a warm Spark "
+    "Connect server (`scripts/env.sh` sets `connect`; README: Spark Connect); all run the same job and give the same "
+    "rows. The DAGs' Spark steps run over Connect with `connect` (the `iox_spark_connect` connection, dags/README.md), "
+    "else through spark-submit",
     "in-process",
     ("in-process", "spark-submit", "connect")))
 SPARK_REMOTE = _declare(Text(

@@ -64,6 +64,24 @@ def write_definitions(folder: Path, h2o3: str, fail: str) -> None:
         (folder / f"{definition['name']}.yaml").write_text(yaml.safe_dump(definition, sort_keys=False))
 
 
+T0 = 1704067200 * 10**9
+DAY = 86_400 * 10**9
+
+
+def overlapping_chunks() -> tuple[list[dict[str, Any]], dict[tuple[str, int], float]]:
+    """Two partitions (2024-01-01 and 02) of three overlapping Parquet files each, as scenario chunks, and the
+    test's own tally of the deduplicated rows (later orders overwrite: IOx's last write wins)."""
+    chunks, want = [], {}
+    for order in range(1, 7):
+        day = order % 2
+        points = [(f"h{i % 2}", T0 + day * DAY + i * 10**9, order * 100 + i) for i in range(order, order + 5)]
+        chunks.append({"id": f"F{order}", "kind": "parquet", "order": order,
+                       "lines": "\n".join(f"cpu,host={h} usage={v} {t}" for h, t, v in points)})
+        for h, t, v in points:
+            want[(h, t)] = float(v)
+    return chunks, want
+
+
 def base_env(catalog_url: str, home: Path, output: Path, definitions: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "IOX_"))}
     env.update({

@@ -10,8 +10,8 @@ A spec may also carry `"env": {...}` (environment for that run only: tasks run i
 settings when they run), `"move_first": [[from, to], ...]` (files to move before the run, to break or repair
 data) and `"paths_after": [path, ...]` (paths whose existence to report right after the run).
 
-For each run: the DAG run's state and data interval, every task instance's state, the asset events it emitted,
-and any exception `dag.test` raised (a param that fails its JSON schema raises before the run exists).
+For each run: the DAG run's state and data interval, every task instance's state and tries, the asset events it
+emitted, and any exception `dag.test` raised (a param that fails its JSON schema raises before the run exists).
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def run_one(spec: dict[str, Any], dags: Path) -> dict[str, Any]:
                                                                        run.data_interval_end)]
         out["tasks"] = {(ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"):
                         str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances(session=session)}
+        out["tries"] = {(ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"): ti.try_number
+                        for ti in run.get_task_instances(session=session)}
         events = session.scalars(select(AssetEvent).where(AssetEvent.source_run_id == run.run_id,
                                                           AssetEvent.source_dag_id == run.dag_id)).all()
         out["asset_events"] = [{"asset": e.asset.name, "uri": e.asset.uri, "extra": e.extra} for e in events]

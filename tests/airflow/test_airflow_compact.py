@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from airflow_support import DagRunner
+from airflow_support import DAY, T0, DagRunner, overlapping_chunks
 from common_support import live_chunks, tree_digest
 
 from iox_planner.catalog.store import Catalog
@@ -16,21 +16,10 @@ from iox_planner.ingest.scenario import load_scenario, parse_scenario
 
 pytestmark = pytest.mark.airflow
 
-T0 = 1704067200 * 10**9
-DAY = 86_400 * 10**9
-
-
 def test_iox_compact_compacts_a_loaded_database_and_a_second_run_does_nothing(
         dag_runner: DagRunner, catalog: Catalog, db: str) -> None:
     # Two partitions, three overlapping files each; the test keeps its own tally of the deduplicated rows.
-    chunks, want = [], {}
-    for order in range(1, 7):
-        day = order % 2
-        points = [(f"h{i % 2}", T0 + day * DAY + i * 10**9, order * 100 + i) for i in range(order, order + 5)]
-        chunks.append({"id": f"F{order}", "kind": "parquet", "order": order,
-                       "lines": "\n".join(f"cpu,host={h} usage={v} {t}" for h, t, v in points)})
-        for h, t, v in points:
-            want[(h, t)] = float(v)  # later orders overwrite: the tally is IOx's last-write-wins
+    chunks, want = overlapping_chunks()
     # And a file overlapping nothing: promoted to L1 in place, not rewritten (not counted in "files in").
     chunks.append({"id": "F7", "kind": "parquet", "order": 7, "lines": f"cpu,host=h9 usage=7 {T0 + 3600 * 10**9}"})
     want[("h9", T0 + 3600 * 10**9)] = 7.0

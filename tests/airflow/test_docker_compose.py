@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 from airflow_support import ROOT
-from iox_airflow.spark import spark_connection
+from iox_airflow.spark import connect_connection, spark_connection
 
 COMPOSE = ROOT / "docker-compose.yml"
 AIRFLOW = ("airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor")
@@ -118,6 +118,12 @@ def test_environment_agrees_with_the_code_and_across_services(compose: dict[str,
         env = env_of(services[name])
         assert (env["IOX_RUNNER"], env["IOX_SPARK_REMOTE"]) == ("connect", "sc://spark-connect:15002")
         assert env["IOX_SPARK_GATE_TOKEN"].startswith("${IOX_SPARK_GATE_TOKEN:?")
+    # The DAGs' Spark steps run on the same server (IOX_RUNNER=connect in the Airflow services), named by the
+    # connection as the code reads it: the service's host and port, its gate on the port after (the server's
+    # default when started with --port), the token from IOX_SPARK_GATE_TOKEN.
+    for name in AIRFLOW:
+        conn = json.loads(env_of(services[name])["AIRFLOW_CONN_IOX_SPARK_CONNECT"])
+        assert conn == json.loads(connect_connection("spark-connect", 15002, 15003))
     assert "openjdk-17-jre-headless" in services["spark-connect"]["build"]["dockerfile_inline"]
     assert "-jdk" not in services["spark-connect"]["build"]["dockerfile_inline"]
 

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from common_support import assert_one_paragraph_error, live_chunks, run_cli
+from connect_support import SLOW, Server
 from gate_support import GATE_ALLOWED, GATE_REFUSED
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.scenario import load_scenario, read_scenario
@@ -52,52 +51,6 @@ ROWS = [
     {"state": "MA", "city": "Boston", "min_temp": 67.4, "max_temp": None, "area": None,
      "time": "1970-01-01T00:00:00.00000055Z"},
 ]
-# tests/spark_jobs/test_query_budget.py's slow but cheap query: minutes uncancelled, a few MB, cancellable per row.
-SLOW = ("SELECT max(i + j) AS m FROM (SELECT i FROM h2o LATERAL VIEW explode(sequence(1, 100000)) s AS i "
-        "DISTRIBUTE BY i) LATERAL VIEW explode(sequence(1, 100000)) t AS j")
-
-
-class Server:
-    """The tests' private Connect server, started again when a test has killed it."""
-
-    def __init__(self, log: Path) -> None:
-        self.log = log
-        self.server: Any = None
-        self.proc: Any = None
-
-    def up(self) -> str:
-        from iox_planner.spark import server as sparkserver
-
-        if self.proc is None or self.proc.poll() is not None:
-            self.server, self.proc = sparkserver.launch(self.log, conf={"spark.driver.memory": "1g"})
-            sparkserver.wait_until_up(self.server, self.proc)
-        return str(self.server.url())
-
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        from iox_planner.spark import server as sparkserver
-
-        if self.proc is not None and self.proc.poll() is None:
-            sparkserver.stop_server(self.server)
-            self.proc.wait()
-
-
-@pytest.fixture(scope="session")
-def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    # Skipped only where Spark cannot run at all (no Java); a server that fails to start otherwise is a failure.
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java here: Spark cannot run")
-    server = Server(tmp_path_factory.mktemp("connect") / "spark-connect.log")
-    try:
-        server.up()
-    except BaseException:
-        server.stop()
-        raise
-    yield server
-    server.stop()
 
 
 @pytest.fixture

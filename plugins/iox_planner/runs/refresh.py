@@ -211,8 +211,9 @@ def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: R
                      settings: RunSettings, *, launcher: Launcher,
                      holder_state: Callable[[str, str], str] | None = None) -> RefreshResult:
     """Recompute [start, end) of `definition` and publish it like a materialize run would, its Spark jobs run by
-    `launcher` (`iox_refresh`: spark-submit; `iox-batch materialized refresh`: the one IOX_RUNNER names). Returns
-    what happened; a failure has been recorded (run failed, nothing published) and is in the result.
+    `launcher` (`iox_refresh`: Spark Connect under IOX_RUNNER=connect, else spark-submit; `iox-batch
+    materialized refresh`: the one IOX_RUNNER names). Returns what happened; a failure has been recorded (run
+    failed, nothing published) and is in the result.
     `holder_state`: as for `planning.plan` (in a task: `ti.get_dagrun_state`)."""
     from iox_planner.runs.commit import commit
     from iox_planner.runs.failure import fail

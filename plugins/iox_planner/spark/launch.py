@@ -4,8 +4,9 @@ and the launcher that runs a job through spark-submit (`SubmitLauncher`). The in
 and lives with the jobs (`spark_jobs/launch.py`, which also picks one by the setting), as does the Spark Connect
 launcher (its session `spark_jobs/connect.py` `shared_remote`, on the server `server.py` manages or names).
 
-The CLI and `iox-batch materialized refresh` launch through these; `iox_refresh` uses `SubmitLauncher` (no Spark in
-an Airflow worker); the DAGs' operator submits the same job specs with the same settings (`jobs.py`, `conf.py`)."""
+The CLI and `iox-batch materialized refresh` launch through these; the DAGs run the same job specs with the same
+settings (`jobs.py`, `conf.py`): with the Connect launcher under IOX_RUNNER=connect, else through spark-submit (their
+operator, or `SubmitLauncher` in `iox_refresh`), never on a Spark session of an Airflow worker's own."""
 
 from __future__ import annotations
 

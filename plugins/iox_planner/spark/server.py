@@ -48,6 +48,8 @@ START_TIMEOUT_S = 180
 STOP_GRACE_S = 15
 """After SIGTERM (the JVM's shutdown hooks remove Spark's temporary folders), how long before SIGKILL."""
 _MIN_TOKEN = 32
+_CLIENT_MODE = frozenset({"SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"})
+"""What PySpark sets in the environment of a process that opened a Spark Connect session."""
 
 _REMOTE = re.compile(r"sc://(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):"
                      r"(?P<port>[0-9]{1,5})/?")
@@ -113,18 +115,25 @@ def remote() -> Remote:
     env = config.SPARK_REMOTE.read()
     if not env:
         return ensure_running().remote()
-    host, port = check_remote(env)
-    token = config.SPARK_GATE_TOKEN.read()
+    return named_remote(env, config.SPARK_GATE_PORT.read() or None, config.SPARK_GATE_TOKEN.read() or None)
+
+
+def named_remote(url: str, gate_port: int | None, token: str | None, what: str = REMOTE_ENV,
+                 gate_port_what: str = GATE_PORT_ENV, token_what: str = GATE_TOKEN_ENV) -> Remote:
+    """A server named by its address (`url`, `check_remote`), its gate's port (None: the Connect port + 1) and
+    token (required), each checked; `what` and the other two name where each came from (a setting, a connection's
+    field) in the error."""
+    host, port = check_remote(url, what)
     if not token:
-        raise BadInputError(f"{REMOTE_ENV} names a Spark Connect server but {GATE_TOKEN_ENV} is not set: the last gate "
+        raise BadInputError(f"{what} names a Spark Connect server but {token_what} is not set: the last gate "
                             "reads each query with that server's parser through its gate endpoint, which answers "
                             "only with the token its server was started with; set it, or unset "
-                            f"{REMOTE_ENV} to use the project's own server")
-    gate_port = config.SPARK_GATE_PORT.read() or port + 1
-    if gate_port > 65_535:
-        raise BadInputError(f"{REMOTE_ENV} uses port {port}, so its gate's default port ({gate_port}) is not a port; "
-                            f"set {GATE_PORT_ENV}")
-    return Remote(f"sc://{host}:{port}", host.strip("[]"), gate_port, check_token(token))
+                            f"{what} to use the project's own server")
+    gate = gate_port or port + 1
+    if not 1 <= gate <= 65_535:
+        raise BadInputError(f"{what} uses port {port}, so its gate's port ({gate}) is not a port; set "
+                            f"{gate_port_what}")
+    return Remote(f"sc://{host}:{port}", host.strip("[]"), gate, check_token(token, token_what))
 
 
 # --- state -----------------------------------------------------------------------------------------------------
@@ -229,8 +238,9 @@ def launch(log: Path, port: int | None = None, host: str = "127.0.0.1", conf: Ma
     gate_port = chosen + 1 if port else _free_port(host, avoid=chosen)
     token = token or secrets.token_hex(32)
     # The token reaches the server in its environment (a command line is readable by every user of the machine);
-    # the server takes it out before its JVM starts.
-    env = {**os.environ, **spark_env(), GATE_TOKEN_ENV: token}
+    # the server takes it out before its JVM starts. A process that is itself a Connect client (PySpark marks it in
+    # its environment) does not pass that on: the server's own session would try to be a client too.
+    env = {**{k: v for k, v in os.environ.items() if k not in _CLIENT_MODE}, **spark_env(), GATE_TOKEN_ENV: token}
     with open(log, "ab") as sink:
         proc = subprocess.Popen(server_command(chosen, gate_port, host, conf), stdin=subprocess.DEVNULL,
                                 stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=str(log.parent),
