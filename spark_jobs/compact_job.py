@@ -1,7 +1,8 @@
 """Compaction on Spark: the job's body (`run_compact`, inside the one job wrapper `job.py`), and its slices as one
-Spark job per call, one task per time slice (each bounded by the compaction memory budget, see
-`iox_planner/maintenance/compact/`), merged by the one Arrow IOx dedup in Spark's Python workers. The workers write
-each slice's output aside and return its metadata; the driver swaps them into the catalog."""
+Spark job per call, the time slices (each bounded by the compaction memory budget, see
+`iox_planner/maintenance/compact/`) bundled into about one task per core (`slices.bundles`), merged by the one Arrow
+IOx dedup in Spark's Python workers. The workers write each slice's output aside and return its metadata; the
+driver swaps them into the catalog."""
 
 from __future__ import annotations
 
@@ -9,32 +10,35 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from iox_planner.maintenance.compact.slices import SliceResult, SliceTask
-from spark_jobs.errors import run_tasks
+from iox_planner.maintenance.compact.slices import SliceResult, SliceTask, bundles
+from spark_jobs.errors import default_parallelism, run_tasks
 
 if TYPE_CHECKING:
     from spark_jobs.context import JobContext
 
 
-def _run_one(payload: tuple[dict[str, Any], str]) -> dict[str, Any]:
+def _run_bundle(payload: tuple[list[dict[str, Any]], str]) -> list[dict[str, Any]]:
     # Runs in a Python worker: plain dicts in and out (the dataclasses rebuilt here), tuples restored.
-    from iox_planner.maintenance.compact.slices import SliceTask, compact_slice
+    from iox_planner.maintenance.compact.slices import SliceTask, compact_slices
 
-    raw, root = payload
-    task = SliceTask(**{**raw, "inputs": tuple(tuple(i) for i in raw["inputs"]),
-                        "columns": tuple(tuple(c) for c in raw["columns"]), "sort_key": tuple(raw["sort_key"])})
-    return asdict(compact_slice(task, root))
+    raws, root = payload
+    tasks = [SliceTask(**{**raw, "inputs": tuple(tuple(i) for i in raw["inputs"]),
+                          "columns": tuple(tuple(c) for c in raw["columns"]), "sort_key": tuple(raw["sort_key"])})
+             for raw in raws]
+    return [asdict(r) for r in compact_slices(tasks, root)]
 
 
 def spark_slice_runner(spark: Any) -> Any:
-    """A `slices.SliceRunner` running every slice of a call as a task of one Spark job."""
+    """A `slices.SliceRunner` running every slice of a call in one Spark job, bundled into about one task per
+    core."""
 
     def run(tasks: Sequence[SliceTask], root: Path) -> list[SliceResult]:
-        done = run_tasks(spark, [(asdict(t), str(root)) for t in tasks], _run_one,
-                         f"iox-batch compact: {len(tasks)} slice(s)",
+        runs = bundles(tasks, default_parallelism(spark)) if len(tasks) > 1 else [list(tasks)]
+        done = run_tasks(spark, [([asdict(t) for t in run_], str(root)) for run_ in runs], _run_bundle,
+                         f"iox-batch compact: {len(tasks)} slice(s) in {len(runs)} task(s)",
                          "compaction's Spark job failed, nothing was changed")
         return [SliceResult(**{**d, "tag_ranges": {k: tuple(v) for k, v in d["tag_ranges"].items()}})
-                for d in done]
+                for results in done for d in results]
 
     return run
 
