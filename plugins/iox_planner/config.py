@@ -567,7 +567,7 @@ COMPACT_TARGET_ROWS = _declare(Whole(
     2**40))
 COMPACT_MAX_ROWS = _declare(Whole(
     "IOX_COMPACT_MAX_ROWS",
-    "the most input rows one compaction task reads (its memory budget)",
+    "the most input rows one compaction slice holds (a task's memory budget: it merges its slices one at a time)",
     2_000_000,
     1,
     2**40))

@@ -78,7 +78,10 @@ def bundles(tasks: Sequence[SliceTask], count: int) -> list[list[SliceTask]]:
 
 
 def compact_slices(tasks: Sequence[SliceTask], root: str) -> list[SliceResult]:
-    """A bundle's slices (`bundles`), one after the other."""
+    """A bundle's slices (`bundles`), one after the other. A file overlapping several of them is read by each
+    (filtered to its range), not once for all: holding its rows for the later slices beside the current one's would
+    break the row budget where the slices were cut by it (each then about fills it), and slices cut for parallelism
+    mostly fall into different tasks, which run at once."""
     return [compact_slice(task, root) for task in tasks]
 
 
