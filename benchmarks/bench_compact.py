@@ -12,9 +12,10 @@ each ratio as the median of the rounds' own ratios):
   - scan:    a plain Spark scan of the compacted files (the same rows, no planner: the lower bound); before
     timing, the benchmark checks that Spark's physical plans of `after` and `scan` are the same operators over
     the same files and columns, so after/scan can only measure the planner's own (driver-side) cost;
-  - compact: the whole compaction again (planning, the Spark job, the catalog swap), on the same inputs: before
-    each turn, untimed, the previous turn's outputs are retired (their files stay, for the `after` plan) and the
-    inputs made live again, so every turn does the same work, warmed up as the queries are.
+  - compact: the whole compaction again (planning, the merge: a Spark job, or in the driver when the rows are
+    few, `IOX_COMPACT_DRIVER_ROWS`; the catalog swap), on the same inputs: before each turn, untimed, the
+    previous turn's outputs are retired (their files stay, for the `after` plan) and the inputs made live again, so
+    every turn does the same work, warmed up as the queries are.
 The query sums every field and counts rows (every column of every row is read); before and after must agree.
 Hot compaction promotes the hourly files no late write overlaps to L1 in place (a catalog update) and rewrites the
 rest. Its throughput is reported two ways: rows rewritten per second (the rewritten inputs' rows over the

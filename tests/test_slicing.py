@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from iox_planner.slicing import Span, time_slices
+from iox_planner.slicing import Span, rows_within, time_slices
 
 
 def estimated_rows(spans: list[Span], start: int, end: int) -> Fraction:
@@ -64,3 +64,20 @@ def test_rows_at_one_nanosecond_stay_together() -> None:
 
 def test_nothing_to_slice() -> None:
     assert time_slices([], 10) == []
+
+
+def test_rows_within_is_the_even_spread_estimate_rounded_up() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        spans = []
+        for _ in range(rng.randint(1, 5)):
+            lo = rng.randint(0, 1000)
+            spans.append(Span(lo, lo + rng.randint(0, 500), rng.randint(0, 10_000)))
+        start = rng.randint(-100, 1600)
+        end = start + rng.randint(0, 800)
+        exact = estimated_rows(spans, start, end)
+        got = rows_within(spans, start, end)
+        # Rounded up per span: at least the estimate, less than one row per span above it.
+        assert exact <= got < exact + len(spans), (spans, start, end)
+    assert rows_within([Span(10, 19, 100)], 0, 9) == 0
+    assert rows_within([Span(10, 19, 100)], 15, 15) == 10

@@ -568,7 +568,7 @@ COMPACT_TARGET_ROWS = _declare(Whole(
     2**40))
 COMPACT_MAX_ROWS = _declare(Whole(
     "IOX_COMPACT_MAX_ROWS",
-    "the most input rows one compaction task reads (its memory budget)",
+    "the most input rows one compaction slice holds (a task's memory budget: it merges its slices one at a time)",
     2_000_000,
     1,
     2**40))
@@ -579,6 +579,13 @@ COMPACT_MIN_SLICES = _declare(Whole(
     2,
     1,
     4096))
+COMPACT_DRIVER_ROWS = _declare(Whole(
+    "IOX_COMPACT_DRIVER_ROWS",
+    "a compaction run rewriting at most this many rows merges them in the driver's process, with no Spark job (a "
+    "job costs about 0.2 CPU-seconds of its own); 0: always on Spark",
+    500_000,
+    0,
+    2**40))
 COMPACT_SCHEDULE = _declare(Schedule(
     "IOX_COMPACT_SCHEDULE",
     "when `iox_compact` looks for compaction work",

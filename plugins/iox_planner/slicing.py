@@ -77,3 +77,14 @@ def time_slices(spans: Iterable[Span], max_rows: int, max_slices: int = 4096) ->
             position = cut + 1
     slices.append((start, high))
     return slices
+
+
+def rows_within(spans: Iterable[Span], lo: int, hi: int) -> int:
+    """The estimated rows of `spans` with time in `[lo, hi]`: each span's rows spread evenly over its range, as
+    `time_slices` estimates them (rounded up: a span that overlaps the range counts at least one row)."""
+    total = 0
+    for s in spans:
+        start, end = max(lo, s.min_time), min(hi, s.max_time)
+        if start <= end:
+            total += -(-s.rows * (end - start + 1) // (s.max_time - s.min_time + 1))
+    return total

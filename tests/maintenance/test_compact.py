@@ -27,6 +27,7 @@ import sqlalchemy as sa
 import fuzz_support as fz
 from common_support import live_chunks, tree_digest
 from iox_planner.catalog.store import Catalog
+from iox_planner.errors import CatalogError
 from iox_planner.maintenance.compact.plan import PartitionPlan, dry_run
 from iox_planner.maintenance.compact.report import describe_plan
 from iox_planner.maintenance.compact.run import compact
@@ -195,7 +196,8 @@ def test_differential(spark: Any, catalog: Catalog, db: str, warehouse: Path, ba
     before = snapshot(spark, catalog, db, len(scenarios))
     # A tiny row budget on even batches (CI runs batch 0): partitions are compacted in several time slices.
     budget = 3 if batch % 2 == 0 else 1000
-    hot = compact(catalog, db, spark_slice_runner(spark), warehouse=warehouse,
+    # Merged in Spark's workers even though the rows are few (the path of every compaction of any size).
+    hot = compact(catalog, db, spark_slice_runner(spark, in_driver_rows=0), warehouse=warehouse,
                   settings=CompactSettings(cold_seconds=10**6, target_rows=4, max_rows=budget))
     assert not [o for o in hot.outcomes if o.skipped and "another compaction" in o.skipped]
     chunks = live_chunks(catalog, db)
@@ -223,7 +225,7 @@ def test_differential(spark: Any, catalog: Catalog, db: str, warehouse: Path, ba
     for name, rows in snapshot(spark, catalog, db, len(scenarios)).items():
         assert rows == before[name], f"{where}: query {name!r} changed by hot compaction\n" + "\n".join(
             sc.describe() for sc in scenarios)
-    cold = compact(catalog, db, spark_slice_runner(spark), warehouse=warehouse,
+    cold = compact(catalog, db, spark_slice_runner(spark, in_driver_rows=0), warehouse=warehouse,
                    settings=CompactSettings(cold_seconds=0, target_rows=4, max_rows=budget))
     chunks = live_chunks(catalog, db)
     assert_levels_never_overlap(chunks, where)
@@ -281,6 +283,24 @@ def test_an_ingester_chunk_between_the_inputs_orders_stops_the_compaction(spark:
     assert _live_labels(catalog, db) == {"F1", "I2", "F3"}
     assert _rows(spark, catalog, db) == before
     assert "('f', 2.0)" in before[0]  # the row is (a, f=2 from I2, g=3 from F3)
+
+
+@pytest.mark.parametrize("in_driver_rows", [0, 10**6], ids=["spark job", "in the driver"])
+def test_an_unreadable_input_fails_the_compaction_in_one_paragraph_and_changes_nothing(
+        spark: Any, catalog: Catalog, db: str, warehouse: Path, in_driver_rows: int) -> None:
+    load(catalog, db, [
+        {"id": "F1", "kind": "parquet", "order": 1, "lines": f"m,t=a f=1 {T0}\nm,t=b f=1 {T0 + S}"},
+        {"id": "F2", "kind": "parquet", "order": 2, "lines": f"m,t=a f=2 {T0}"},
+    ])
+    [f2] = [c for c in live_chunks(catalog, db) if c["label"] == "F2"]
+    (warehouse / f2["path"]).write_bytes(b"not parquet")
+    with pytest.raises(CatalogError) as caught:
+        compact(catalog, db, spark_slice_runner(spark, in_driver_rows=in_driver_rows), warehouse=warehouse,
+                settings=CompactSettings())
+    message = str(caught.value)
+    assert "nothing was changed" in message and "\n" not in message and "Traceback" not in message, message
+    assert _live_labels(catalog, db) == {"F1", "F2"}
+    assert not list((warehouse / f2["path"]).parent.glob("*.compacted.parquet"))  # no output left behind
 
 
 def test_a_file_between_the_inputs_orders_is_pulled_in(spark: Any, catalog: Catalog, db: str,

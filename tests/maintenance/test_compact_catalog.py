@@ -17,7 +17,7 @@ from iox_planner.maintenance.compact.plan import PartitionPlan, close_inputs, dr
 from iox_planner.maintenance.compact.report import describe_plan
 from iox_planner.maintenance.compact.run import compact
 from iox_planner.maintenance.compact.settings import CompactSettings
-from iox_planner.maintenance.compact.slices import SliceResult, SliceTask, compact_slice
+from iox_planner.maintenance.compact.slices import SliceResult, SliceTask, bundles, compact_slice
 from iox_planner.model import ChunkKind
 
 T0 = 1_704_067_200_000_000_000
@@ -250,3 +250,23 @@ def test_a_trapped_rewrite_waits_and_its_promotions_go_ahead(catalog: Catalog, d
     [outcome] = report.outcomes
     assert outcome.skipped is None and "ingester chunk I2" in (outcome.waits or "") and outcome.files_promoted == 1
     assert _files(catalog, db) == {**before, "F4": (before["F4"][0], 4, 1)}
+
+
+def _task(index: int, rows: int) -> SliceTask:
+    return SliceTask(1, index, index * 10, index * 10 + 9, (), (), ("time",), f"{index}.parquet", rows)
+
+
+@pytest.mark.parametrize("rows, count, expected", [
+    ([100] * 12, 2, [6, 6]),  # equal slices: equal runs
+    ([100] * 12, 5, [2, 3, 2, 3, 2]),  # 240 rows each: 200 or 300
+    ([900, 100, 100, 100, 100, 100, 100, 100, 100, 100], 2, [1, 9]),  # one large slice runs alone
+    ([100, 100, 100], 3, [1, 1, 1]),  # a core each: no bundling
+    ([100, 100, 100], 8, [1, 1, 1]),
+    ([0, 0, 0, 0], 2, [2, 2]),  # no estimate: counted as one row each
+])
+def test_slices_are_bundled_into_consecutive_runs_of_about_equal_rows(rows: list[int], count: int,
+                                                                       expected: list[int]) -> None:
+    tasks = [_task(i, r) for i, r in enumerate(rows)]
+    runs = bundles(tasks, count)
+    assert [len(r) for r in runs] == expected
+    assert [t for r in runs for t in r] == tasks  # every slice once, in order

@@ -41,7 +41,8 @@ from spark_jobs.compact_job import spark_slice_runner
 def die():
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
-compact(Catalog(), sys.argv[1], spark_slice_runner(shared_session()), settings=CompactSettings(max_rows=40),
+compact(Catalog(), sys.argv[1], spark_slice_runner(shared_session(), in_driver_rows=0),
+        settings=CompactSettings(max_rows=40),
         after_slices=die if sys.argv[2] == "after-slices" else None)
 print("finished")
 """
@@ -114,7 +115,8 @@ def test_killed_compaction_then_rerun(spark: Any, catalog: Catalog, db: str, war
     on_disk, named = _partition_files(catalog, db, warehouse)
     strays = len(on_disk - named)
     # The rerun finishes the work and sweeps the killed run's strays (no other compactor runs: the lock is free).
-    compact(catalog, db, spark_slice_runner(spark), warehouse=warehouse, settings=CompactSettings(max_rows=40))
+    compact(catalog, db, spark_slice_runner(spark, in_driver_rows=0), warehouse=warehouse,
+            settings=CompactSettings(max_rows=40))
     final = _state(catalog, db)
     assert final[0] == frozenset() and final[1]
     assert _rows(spark, catalog, db) == before_rows

@@ -1,7 +1,7 @@
 """Compaction: which partitions need it and the plan of each (`plan.py`: inputs, level, time slices), one slice's
-merge (`slices.py`, run in Spark's Python workers), the catalog swap (`swap.py`), a whole run (`run.py`), its
-report (`report.py`), its settings (`settings.py`), and a run cut into batches for the `iox_compact` DAG
-(`batches.py`). The Spark side is `spark_jobs/compact_job.py`; nothing here imports pyspark.
+merge (`slices.py`, run in Spark's Python workers, several slices per Spark task), the catalog swap (`swap.py`), a
+whole run (`run.py`), its report (`report.py`), its settings (`settings.py`), and a run cut into batches for the
+`iox_compact` DAG (`batches.py`). The Spark side is `spark_jobs/compact_job.py`; nothing here imports pyspark.
 
 Levels, as in IOx: persist writes L0 files (may overlap anything). Hot compaction promotes a partition's L0 files
 that overlap no other file to L1 in place (a catalog update of the level: same file, order and rows) and rewrites

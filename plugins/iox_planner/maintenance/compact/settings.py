@@ -20,7 +20,8 @@ class CompactSettings:
     target_rows: int = config.COMPACT_TARGET_ROWS.default
     """Rows of an L2 file (and the size below which an L1 file counts as small)."""
     max_rows: int = config.COMPACT_MAX_ROWS.default
-    """Memory budget: at most about this many input rows are read by one task (one time slice)."""
+    """Memory budget: at most about this many input rows are held by one task at a time (one time slice; a task
+    merges its slices one after the other)."""
     min_slices: int = config.COMPACT_MIN_SLICES.default
     """Parallelism: a large partition is cut into at least this many time slices (Spark tasks run at once)."""
 

@@ -1,6 +1,6 @@
 """One slice of a compaction: the plain-values task that crosses into a Spark Python worker, the merge it runs
 there (read each input's rows of the slice, the one Arrow IOx dedup, write the output aside, then into place) and
-the result it hands back to the driver."""
+the result it hands back to the driver; and slices bundled into fewer worker tasks (`bundles`, `compact_slices`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from iox_planner import storage
 from iox_planner.ingest import files as chunk_files
 from iox_planner.maintenance.compact.plan import PartitionPlan, overlaps
 from iox_planner.model import TIME, ColumnType
+from iox_planner.slicing import Span, rows_within
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class SliceTask:
     columns: tuple[tuple[str, str], ...]  # (name, ColumnType value)
     sort_key: tuple[str, ...]
     output: str  # relative path to write
+    rows: int = 0
+    """The slice's estimated input rows (`slicing.rows_within`): what `bundles` balances."""
 
 
 @dataclass(frozen=True)
@@ -45,10 +48,41 @@ def slice_tasks(plan: PartitionPlan) -> list[SliceTask]:
     cols = tuple((n, t.value) for n, t in plan.columns.items())
     # A slice reads only the inputs overlapping it: the others hold no row of it (and, with several rewrite
     # groups, belong to another group).
+    spans = [Span(c.min_time, c.max_time, c.row_count) for c in plan.inputs]
     return [SliceTask(plan.partition_id, i, lo, hi,
                       tuple((c.path, c.order) for c in plan.inputs if overlaps(c, lo, hi)), cols,
-                      plan.sort_key, storage.compacted_path(plan.db_id, plan.table_id, plan.partition_id))
+                      plan.sort_key, storage.compacted_path(plan.db_id, plan.table_id, plan.partition_id),
+                      rows_within(spans, lo, hi))
             for i, (lo, hi) in enumerate(plan.slices)]
+
+
+def bundles(tasks: Sequence[SliceTask], count: int) -> list[list[SliceTask]]:
+    """`tasks` cut into at most `count` runs of consecutive tasks of about equal estimated rows, each run one
+    worker task (`compact_slices`). A Spark task costs about 40 ms of CPU (the JVM's scheduling, the Python
+    worker's round trip) whatever it does, as much as merging 50 k rows: a compaction of many small slices (one per
+    rewrite group) spent more on that than on merging. Slices stay whole (a run holds one slice in memory at a
+    time, so the row budget holds) and consecutive (a partition's slices of one rewrite group, in time order)."""
+    if count >= len(tasks):
+        return [[t] for t in tasks]
+    weights = [max(1, t.rows) for t in tasks]
+    total = sum(weights)
+    out: list[list[SliceTask]] = [[]]
+    filled = 0
+    for task, weight in zip(tasks, weights):
+        # The next run starts where this task's middle passes the runs' equal share so far.
+        if out[-1] and len(out) < count and (filled + weight / 2) * count > total * len(out):
+            out.append([])
+        out[-1].append(task)
+        filled += weight
+    return out
+
+
+def compact_slices(tasks: Sequence[SliceTask], root: str) -> list[SliceResult]:
+    """A bundle's slices (`bundles`), one after the other. A file overlapping several of them is read by each
+    (filtered to its range), not once for all: holding its rows for the later slices beside the current one's would
+    break the row budget where the slices were cut by it (each then about fills it), and slices cut for parallelism
+    mostly fall into different tasks, which run at once."""
+    return [compact_slice(task, root) for task in tasks]
 
 
 def compact_slice(task: SliceTask, root: str) -> SliceResult:
@@ -105,5 +139,5 @@ def _read_slice(path: Path, lo: int, hi: int, tags: Sequence[str]) -> Any:
 
 
 SliceRunner = Callable[[Sequence[SliceTask], Path], Sequence[SliceResult]]
-"""Runs `compact_slice` over every task of a call (one Spark job: `spark_jobs/compact_job.py`) and returns the
-results."""
+"""Runs `compact_slice` over every task of a call (one Spark job: `spark_jobs/compact_job.py`, the slices bundled
+into about one Spark task per core) and returns the results."""
