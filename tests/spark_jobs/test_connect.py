@@ -4,28 +4,28 @@ server's parser with the same cases as the in-process gate and its endpoint's to
 query on the server, compaction and a bulk load on the server's workers, two queries at once, and a lost server as
 the retryable error (75).
 
-One private server for the whole run (started once, about 20 s; the test that kills it has the next test start
-another), never the project's own (`iox-batch spark start`), which a developer may be using. Skipped only where
-there is no Java. A Connect client switches its whole Python process to Connect mode, so every client here is a
-child process: the CLI, or a small script for the gate."""
+The tests share the private server of the whole run (`tests/connect_support.py`, started once, about 20 s; the
+test that kills it has the next test start another) with the end-to-end cases and the fuzzer's Connect leg, never
+the project's own (`iox-batch spark start`), which a developer may be using. Skipped only where there is no Java.
+A Connect client switches its whole Python process to Connect mode, so every client here is a child process: the
+CLI, or a small script for the gate."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from common_support import assert_one_paragraph_error, live_chunks, run_cli
+from connect_support import Server
 from gate_support import GATE_ALLOWED, GATE_REFUSED
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.scenario import load_scenario, read_scenario
@@ -55,61 +55,6 @@ ROWS = [
 # tests/spark_jobs/test_query_budget.py's slow but cheap query: minutes uncancelled, a few MB, cancellable per row.
 SLOW = ("SELECT max(i + j) AS m FROM (SELECT i FROM h2o LATERAL VIEW explode(sequence(1, 100000)) s AS i "
         "DISTRIBUTE BY i) LATERAL VIEW explode(sequence(1, 100000)) t AS j")
-
-
-class Server:
-    """The tests' private Connect server, started again when a test has killed it."""
-
-    def __init__(self, log: Path) -> None:
-        self.log = log
-        self.server: Any = None
-        self.proc: Any = None
-
-    def up(self) -> str:
-        from iox_planner.spark import server as sparkserver
-
-        if self.proc is None or self.proc.poll() is not None:
-            self.server, self.proc = sparkserver.launch(self.log, conf={"spark.driver.memory": "1g"})
-            sparkserver.wait_until_up(self.server, self.proc)
-        return str(self.server.url())
-
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        from iox_planner.spark import server as sparkserver
-
-        if self.proc is not None and self.proc.poll() is None:
-            sparkserver.stop_server(self.server)
-            self.proc.wait()
-
-
-@pytest.fixture(scope="session")
-def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    # Skipped only where Spark cannot run at all (no Java); a server that fails to start otherwise is a failure.
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java here: Spark cannot run")
-    server = Server(tmp_path_factory.mktemp("connect") / "spark-connect.log")
-    try:
-        server.up()
-    except BaseException:
-        server.stop()
-        raise
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def connect(connect_server: Server, catalog_url: str) -> dict[str, str]:
-    """The environment of an `iox-batch` run on the connect runner (and the catalog of the tests): the private
-    server as a remote one, its gate's port and token given as a deployment gives them."""
-    url = connect_server.up()
-    # No JVM can start in the client (a Java that is not there): whatever Spark work a command does runs on the
-    # server, or the command fails.
-    return {"IOX_RUNNER": "connect", "JAVA_HOME": "/nonexistent/java", "IOX_SPARK_REMOTE": url,
-            "IOX_SPARK_GATE_PORT": str(connect_server.server.gate_port),
-            "IOX_SPARK_GATE_TOKEN": connect_server.server.token}
 
 
 @pytest.fixture
