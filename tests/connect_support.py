@@ -169,13 +169,19 @@ def _error_class(name: str) -> type[Exception]:
 
 
 class Leg:
-    """One runner as a test uses it: queries (`jsonl`) and the environment of a CLI run (`env`)."""
+    """One runner as a test uses it: queries (`jsonl`) and `iox-batch` commands (`cli`)."""
 
     name = "in-process"
 
     def __init__(self, spark: Any) -> None:
         self.spark = spark
-        self.env = {"IOX_RUNNER": "in-process"}
+
+    def cli(self, *args: str) -> Any:
+        """`iox-batch` run in this process on the shared session (a whole process would start a JVM of its own):
+        its exit status, standard output and error."""
+        from spark_support import cli
+
+        return cli(*args)
 
     def jsonl(self, catalog: Catalog, db: str, sql: str, *, optimize: bool = True, strategy: str | None = None,
               conf: Mapping[str, str] | None = None, **kw: Any) -> list[dict[str, Any]]:
@@ -199,6 +205,12 @@ class ConnectLeg(Leg):
     def __init__(self, server: Server, client: ConnectClient) -> None:
         self.env = server.env()
         self.client = client
+
+    def cli(self, *args: str) -> Any:
+        """`iox-batch` as a whole process on the connect runner."""
+        from common_support import run_cli
+
+        return run_cli(*args, env=self.env)
 
     def jsonl(self, catalog: Catalog, db: str, sql: str, *, optimize: bool = True, strategy: str | None = None,
               conf: Mapping[str, str] | None = None, **kw: Any) -> list[dict[str, Any]]:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from common_support import run_cli
 from connect_support import Leg, both_runners
 from iox_planner.catalog.store import Catalog
 from spark_support import load
@@ -175,8 +174,7 @@ def test_missing_file_names_file_and_chunk_and_writes_nothing(runner: Leg, catal
     path = warehouse_path() / chunk["path"]
     path.unlink()
     out = tmp_path / "out.jsonl"
-    result = run_cli("query", "--db", db, "SELECT * FROM m", "--format", "jsonl", "--output", str(out),
-                     env=runner.env)
+    result = runner.cli("query", "--db", db, "SELECT * FROM m", "--format", "jsonl", "--output", str(out))
     assert result.returncode != 0
     assert "GONE" in result.stderr and str(path) in result.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []
@@ -190,7 +188,7 @@ def test_corrupt_file_names_file_and_chunk(runner: Leg, catalog: Catalog, db: st
     (chunk,) = live_chunks(catalog, db)
     path = warehouse_path() / chunk["path"]
     path.write_bytes(b"PAR1 this is not parquet at all")
-    result = run_cli("query", "--db", db, "SELECT * FROM m", "--format", "csv", env=runner.env)
+    result = runner.cli("query", "--db", db, "SELECT * FROM m", "--format", "csv")
     assert result.returncode != 0
     assert "BAD" in result.stderr and str(path) in result.stderr
 
