@@ -144,7 +144,7 @@ def serve(runner: str) -> None:
         plan_file = Path(line.strip())
         table = launch.fetch(PlanJob(plan_file, plan_file.with_name(f"result-{runner}.arrow"), OutputFormat.ARROW,
                                      query_timeout_s()))
-        answers.write(json.dumps(table.to_pylist()) + "\n")
+        answers.write(json.dumps(table.to_pylist(), default=str) + "\n")
         answers.flush()
 
 
