@@ -70,6 +70,11 @@ def spark(catalog_url: str) -> Iterator[object]:
     yield shared_session()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that kills the shared Connect server (`connect_support.kills_the_server`) runs last."""
+    items.sort(key=lambda item: getattr(getattr(item, "function", None), "kills_the_server", False))
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under `-n N`, the tests on the Spark Connect server all go to one worker (`connect_support`)."""
     if config.getvalue("dist") != "load":

@@ -45,6 +45,13 @@ def runner_param(name: str, seed: int | None = None) -> Any:
     return pytest.param(*values, id=ident)
 
 
+def kills_the_server(test: Any) -> Any:
+    """Marks a test that kills the shared server: conftest.py runs it after every other test, so none of them
+    waits for another server to start (10 to 20 s, and its first queries warm it up again)."""
+    test.kills_the_server = True
+    return test
+
+
 def on_connect(nodeid: str) -> bool:
     """Whether a test reaches the Connect server, from its node id (all xdist's scheduler sees): those of
     test_connect.py, and each case whose `runner_param` is connect."""

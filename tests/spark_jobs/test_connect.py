@@ -5,7 +5,7 @@ query on the server, compaction and a bulk load on the server's workers, two que
 the retryable error (75).
 
 The tests share the private server of the whole run (`tests/connect_support.py`, started once, about 20 s; the
-test that kills it has the next test start another) with the end-to-end cases and the fuzzer's Connect leg, never
+test that kills it runs last) with the end-to-end cases and the fuzzer's Connect leg, never
 the project's own (`iox-batch spark start`), which a developer may be using. Skipped only where there is no Java.
 A Connect client switches its whole Python process to Connect mode, so every client here is a child process: the
 CLI, or a small script for the gate."""
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from common_support import assert_one_paragraph_error, live_chunks, run_cli
-from connect_support import Server
+from connect_support import Server, kills_the_server
 from gate_support import GATE_ALLOWED, GATE_REFUSED
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.scenario import load_scenario, read_scenario
@@ -245,6 +245,7 @@ def test_two_queries_at_once_and_a_failing_one_leave_the_server_serving(connect:
     assert after.returncode == 0 and jsonl(after.stdout) == [{"n": 8}], after.stderr
 
 
+@kills_the_server
 def test_a_server_lost_during_a_query_or_not_there_is_the_retryable_error(connect_server: Server,
                                                                           connect: dict[str, str], h2o: str) -> None:
     started = time.monotonic()
