@@ -85,10 +85,10 @@ def both_runners(metafunc: pytest.Metafunc, k: int) -> None:
     of them (a sample, see `sample`) on Connect too."""
     if "runner" not in metafunc.fixturenames:
         return
-    tests = sorted(name for name, f in vars(metafunc.module).items()
-                   if name.startswith("test_") and inspect.isfunction(f) and "runner" in inspect.signature(f).parameters)
-    on_connect = metafunc.function.__name__ in sample(tests, k)
-    metafunc.parametrize("runner", [runner_param(r) for r in ("in-process", "connect")[:2 if on_connect else 1]],
+    tests = sorted(name for name, f in vars(metafunc.module).items() if name.startswith("test_")
+                   and inspect.isfunction(f) and "runner" in inspect.signature(f).parameters)
+    chosen = metafunc.function.__name__ in sample(tests, k)
+    metafunc.parametrize("runner", [runner_param(r) for r in ("in-process", "connect")[:2 if chosen else 1]],
                          indirect=True)
 
 
