@@ -25,8 +25,11 @@ venv: $(STAMP)
 
 # Two runs, each on two workers (each worker with its own SparkSession and catalog database): everything but
 # Airflow, then the Airflow tests, where each worker has its own AIRFLOW_HOME, metadata DB and dag.test()
-# process. The Airflow run deals out whole files (a module's scheduler, api-server or Postgres cluster is started
-# once, on one worker) in file order, so the longest, the backfill, starts first instead of holding up the end.
+# process. The first run deals out tests one by one, except every test on the Spark Connect runner, which go
+# together to one worker, first, so one Connect server (a JVM of about 1 GB) starts in all (tests/conftest.py's
+# scheduler, tests/connect_support.py). The Airflow run deals out whole files (a module's
+# scheduler, api-server or Postgres cluster is started once, on one worker) in file order, so the longest, the
+# backfill, starts first instead of holding up the end.
 # The slowest tests are listed at the end of each run, so CI shows where its time budget goes.
 test: venv
 	$(BIN)/iox-batch catalog migrate

@@ -12,14 +12,29 @@ The query sums every field and counts rows, so every column of every row is read
 scan and >= 3x faster than naive; at 0%, plan <= 1.05x scan.
 
 Run: `python benchmarks/bench_spark.py [--hosts 100 --hours 72 --repeat 3]`.
+
+`--runner both` (or `connect`) compares runners instead: the `plan` query, as `iox-batch query` runs it (the
+launcher's `fetch`: views, the last gate, the job, the result collected to the client as Arrow), on the
+in-process runner and on the connect runner, each in a warm child process of its own (a Connect client cannot
+share a process with a local session), taking turns, reversed every other round, after a warm-up round. The
+Connect server is a private one with the same master and settings as the in-process session (IOX_SPARK_MASTER =
+`--master`, `spark.driver.memory=4g`), stopped at the end. Prints each runner's median wall and CPU seconds
+(this process's tree: the children, their JVMs and Python workers, the server) and the median of the rounds'
+connect/in-process ratios. Target (issue 24): within noise of 1.00x at 50% rewritten:
+`python benchmarks/bench_spark.py --runner both --fractions 0.5 --repeat 5`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -28,6 +43,7 @@ from rich.console import Console
 from rich.table import Table
 
 from iox_planner.ingest import tsbs
+from iox_planner.catalog.drops import drop_database
 from iox_planner.catalog.store import Catalog, CatalogSource
 from iox_planner.config import warehouse
 from iox_planner.ingest.write import write_table
@@ -83,6 +99,15 @@ def build(catalog: Catalog, db: str, hosts: int, hours: int, interval_s: int, fr
     return sum(t.num_rows for t in tables) + sum(tables[h].num_rows for h in rewritten)
 
 
+def new_database(catalog: Catalog, args: argparse.Namespace, fraction: float, console: Console) -> tuple[str, int]:
+    """A database of the benchmark's own with `fraction` of its hours rewritten: its name and rows stored."""
+    db = f"bench_{int(fraction * 100)}_{uuid.uuid4().hex[:6]}"
+    started = time.perf_counter()
+    stored = build(catalog, db, args.hosts, args.hours, args.interval, fraction)
+    console.print(f"built {db}: {stored:,} rows in {time.perf_counter() - started:.1f} s")
+    return db, stored
+
+
 def interleaved(variants: dict[str, Callable[[], Any]], repeat: int) -> tuple[dict[str, float], dict[str, Any]]:
     """Best time of each variant over `repeat` rounds, the variants taking turns in every round (after one
     warm-up round), so a burst of load on a shared machine hits all of them alike."""
@@ -97,16 +122,137 @@ def interleaved(variants: dict[str, Callable[[], Any]], repeat: int) -> tuple[di
     return best, results
 
 
+SERVE = "--serve"
+DRIVER_MEMORY = "4g"
+
+
+def serve(runner: str) -> None:
+    """A runner comparison's child: a plan file a line on standard input; for each, the plan run as `iox-batch
+    query` runs it (the runner's launcher, `fetch`) and one answer line, its rows as JSON, on the standard output
+    it started with (whatever else is written there goes to standard error)."""
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    from spark_jobs.launch import launcher
+
+    from iox_planner.output import OutputFormat
+    from iox_planner.spark.budget import query_timeout_s
+    from iox_planner.spark.jobs import PlanJob
+    from iox_planner.spark.launch import Runner
+
+    launch = launcher(Runner(runner), progress=lambda line: None)
+    for line in sys.stdin:
+        plan_file = Path(line.strip())
+        table = launch.fetch(PlanJob(plan_file, plan_file.with_name(f"result-{runner}.arrow"), OutputFormat.ARROW,
+                                     query_timeout_s()))
+        answers.write(json.dumps(table.to_pylist(), default=str) + "\n")
+        answers.flush()
+
+
+class Child:
+    """A warm `serve` process of one runner."""
+
+    def __init__(self, runner: str, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, SERVE, runner], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
+
+    def fetch(self, plan_file: Path) -> list[dict[str, Any]]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{plan_file}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"the {self.proc.args[-1]} child ended with status {self.proc.wait()}")
+        return list(json.loads(line))
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+
+
+def compare_runners(args: argparse.Namespace, catalog: Catalog, console: Console) -> None:
+    """`--runner`: the plan query on each runner, taking turns (see the module's docstring)."""
+    from bench_compact import interleaved as taking_turns, load_report, median_of, median_ratio, tree_cpu_seconds
+
+    from iox_planner.planner.serde import plan_to_json
+    from iox_planner.spark import server as sparkserver
+
+    runners = ["in-process", "connect"] if args.runner == "both" else [args.runner]
+    # Both runners' Spark from the same settings: the in-process child's session and the server's.
+    os.environ["IOX_SPARK_MASTER"] = args.master
+    os.environ["IOX_SPARK_CONF"] = ",".join(filter(None, [os.environ.get("IOX_SPARK_CONF", ""),
+                                                          f"spark.driver.memory={DRIVER_MEMORY}"]))
+    load_start = os.getloadavg()
+    children: dict[str, Child] = {}
+    server: Any = None
+    with tempfile.TemporaryDirectory(prefix="iox-bench-runners-") as tmp:
+        try:
+            if "connect" in runners:
+                started = time.perf_counter()
+                server, proc = sparkserver.launch(Path(tmp) / "spark-connect.log")
+                sparkserver.wait_until_up(server, proc)
+                console.print(f"private Connect server {server.url()} up in {time.perf_counter() - started:.1f} s")
+                children["connect"] = Child("connect", {
+                    "IOX_RUNNER": "connect", "IOX_SPARK_REMOTE": server.url(),
+                    "IOX_SPARK_GATE_PORT": str(server.gate_port), "IOX_SPARK_GATE_TOKEN": server.token})
+            if "in-process" in runners:
+                children["in-process"] = Child("in-process", {"IOX_RUNNER": "in-process"})
+            report = Table(title=f"the plan query as `iox-batch query` runs it, per runner: {args.hosts} hosts x "
+                                 f"{args.hours} h, {args.interval} s samples, {args.master}, driver memory "
+                                 f"{DRIVER_MEMORY}; medians of {args.repeat} rounds taking turns")
+            for col in ("rewritten", "rows stored", "rows after dedup", *[f"{r} s" for r in runners],
+                        *[f"{r} cpu s" for r in runners], *(["connect/in-process", "cpu connect/in-process"]
+                                                             if len(runners) == 2 else [])):
+                report.add_column(col, justify="right")
+            for fraction in [float(f) for f in (args.fractions or "0.5").split(",")]:
+                db, stored = new_database(catalog, args, fraction, console)
+                plan_file = Path(tmp) / f"plan-{db}.json"
+                plan_file.write_text(plan_to_json(plan_query(QUERY, CatalogSource(catalog, db))))
+                variants = {r: (lambda child=children[r]: child.fetch(plan_file)) for r in runners}
+                rounds, results = taking_turns(variants, {}, args.repeat, cpu=tree_cpu_seconds)
+                first = results[runners[0]]
+                for r in runners[1:]:  # the same row from each runner (sums to a relative 1e-9)
+                    assert first[0].keys() == results[r][0].keys() and first[0]["n"] == results[r][0]["n"], results
+                    for key, value in first[0].items():
+                        assert abs(value - results[r][0][key]) <= 1e-9 * max(1.0, abs(value)), (key, results)
+                for i, r in enumerate(rounds):
+                    console.print(f"  {fraction:.0%} round {i + 1}: " + ", ".join(
+                        f"{n} {t:.2f} s" for n, t in r.items() if not n.endswith(" cpu")) + "; cpu: " + ", ".join(
+                        f"{n} {t:.2f} s" for n, t in r.items() if n.endswith(" cpu")))
+                ratios = [f"{median_ratio(rounds, 'connect', 'in-process'):.3f}x",
+                          f"{median_ratio(rounds, 'connect cpu', 'in-process cpu'):.3f}x"] if len(runners) == 2 else []
+                report.add_row(f"{fraction:.0%}", f"{stored:,}", f"{first[0]['n']:,}",
+                               *[f"{median_of(rounds, r):.2f}" for r in runners],
+                               *[f"{median_of(rounds, f'{r} cpu'):.2f}" for r in runners], *ratios)
+                drop_database(catalog, db, warehouse())
+        finally:
+            for child in children.values():
+                child.close()
+            if server is not None:
+                sparkserver.stop_server(server)
+    console.print(report)
+    console.print(load_report(load_start))
+
+
 def main() -> None:
+    if sys.argv[1:2] == [SERVE]:
+        return serve(sys.argv[2])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=100)
     parser.add_argument("--hours", type=int, default=72)
     parser.add_argument("--interval", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--fractions", default="0,0.1,0.5")
+    parser.add_argument("--fractions", help="rewritten fractions (default 0,0.1,0.5; with --runner, 0.5)")
     parser.add_argument("--master", default=os.environ.get("IOX_SPARK_MASTER", "local[2]"))
+    parser.add_argument("--runner", choices=["in-process", "connect", "both"],
+                        help="time the plan query as `iox-batch query` runs it on this runner (both: taking turns) "
+                             "instead of the strategies on this process's session")
     args = parser.parse_args()
     console = Console(width=200)
+    if args.runner is not None:
+        catalog = Catalog()
+        catalog.require_schema()
+        return compare_runners(args, catalog, console)
 
     from spark_jobs.execute import execute
     from spark_jobs.session import build_session
@@ -120,11 +266,8 @@ def main() -> None:
     for col in ("rewritten", "rows stored", "rows after dedup", "dedup groups", "plan s", "plan (groupBy) s",
                 "plan (window) s", "naive s", "scan s", "plan/scan", "naive/plan"):
         report.add_column(col, justify="right")
-    for fraction in [float(f) for f in args.fractions.split(",")]:
-        db = f"bench_{int(fraction * 100)}_{uuid.uuid4().hex[:6]}"
-        started = time.perf_counter()
-        stored = build(catalog, db, args.hosts, args.hours, args.interval, fraction)
-        console.print(f"built {db}: {stored:,} rows in {time.perf_counter() - started:.1f} s")
+    for fraction in [float(f) for f in (args.fractions or "0,0.1,0.5").split(",")]:
+        db, stored = new_database(catalog, args, fraction, console)
         source = CatalogSource(catalog, db)
         optimized = plan_query(QUERY, source)
         naive = plan_query(QUERY, source, optimize=False)

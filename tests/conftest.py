@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -70,13 +70,56 @@ def spark(catalog_url: str) -> Iterator[object]:
     yield shared_session()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that kills the shared Connect server (`connect_support.kills_the_server`) runs last."""
+    items.sort(key=lambda item: getattr(getattr(item, "function", None), "kills_the_server", False))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `-n N`, the tests on the Spark Connect server all go to one worker (`connect_support`)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from connect_support import one_connect_worker
+
+    return one_connect_worker(config, log)
+
+
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """The session's private Spark Connect server (tests/connect_support.py), shared by the `connect` runner's
-    tests and the DAGs' (each starts it again if a test killed it)."""
+    """This process's private Spark Connect server (`connect_support.Server`), shared by every test that uses
+    the connect runner and the DAGs' tests over Connect; the test that kills it has the next test start another."""
     from connect_support import private_server
 
     yield from private_server(tmp_path_factory)
+
+
+@pytest.fixture
+def connect(connect_server: Any, catalog_url: str) -> dict[str, str]:
+    """The environment of an `iox-batch` run on the connect runner, on the private server (and the tests'
+    catalog)."""
+    return dict(connect_server.env())
+
+
+@pytest.fixture(scope="session")
+def connect_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The child process that runs the connect runner's plans for `runner` (`connect_support.ConnectClient`)."""
+    from connect_support import ConnectClient
+
+    client = ConnectClient(tmp_path_factory.mktemp("connect-client") / "client.log")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def runner(request: pytest.FixtureRequest) -> object:
+    """The runner a test's queries go through (`connect_support.Leg`): the in-process session, or with the
+    parameter `connect` (`connect_support.both_runners`) the private Connect server."""
+    from connect_support import ConnectLeg, Leg
+
+    if getattr(request, "param", "in-process") == "connect":
+        request.getfixturevalue("catalog_url")
+        return ConnectLeg(request.getfixturevalue("connect_server"), request.getfixturevalue("connect_client"))
+    return Leg(request.getfixturevalue("spark"))
 
 
 @pytest.fixture

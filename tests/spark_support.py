@@ -24,20 +24,27 @@ def plan(catalog: Catalog, db: str, sql: str, **kw: Any) -> QueryPlan:
     return plan_query(sql, CatalogSource(catalog, db), **kw)
 
 
+def write_plan(folder: Path, catalog: Catalog, db: str, sql: str, *, optimize: bool = True, **kw: Any) -> Path:
+    """The plan of `sql` as the CLI hands it to a launcher: a JSON file (`folder/plan.json`)."""
+    from iox_planner.planner.serde import plan_to_json
+
+    plan_file = folder / "plan.json"
+    plan_file.write_text(plan_to_json(plan_query(sql, CatalogSource(catalog, db), optimize=optimize, **kw)))
+    return plan_file
+
+
 def run_jsonl(spark: Any, catalog: Catalog, db: str, sql: str, *, optimize: bool = True,
               strategy: str | None = None, **kw: Any) -> list[dict[str, Any]]:
-    """The rows a user gets from `iox-batch query --format jsonl`, parsed."""
+    """The rows a user gets from `iox-batch query --format jsonl` on the in-process runner, parsed (the connect
+    runner's: `connect_support.ConnectLeg`)."""
     from iox_planner.cli.runner import print_result
-    from iox_planner.planner.serde import plan_to_json
     from iox_planner.spark.budget import query_timeout_s
     from iox_planner.spark.jobs import PlanJob
     from spark_jobs.launch import InProcessLauncher
 
     out = io.StringIO()
-    query_plan = plan_query(sql, CatalogSource(catalog, db), optimize=optimize, **kw)
     with tempfile.TemporaryDirectory(prefix="iox-test-") as tmp:
-        plan_file = Path(tmp) / "plan.json"
-        plan_file.write_text(plan_to_json(query_plan))
+        plan_file = write_plan(Path(tmp), catalog, db, sql, optimize=optimize, **kw)
         table = InProcessLauncher().fetch(PlanJob(plan_file, Path(tmp) / "result.arrow", OutputFormat.ARROW,
                                                   query_timeout_s(), strategy=strategy))
     print_result(table, OutputFormat.JSONL, out)

@@ -4,10 +4,11 @@ server's parser with the same cases as the in-process gate and its endpoint's to
 query on the server, compaction and a bulk load on the server's workers, two queries at once, and a lost server as
 the retryable error (75).
 
-One private server for the whole run (started once, about 20 s; the test that kills it has the next test start
-another), never the project's own (`iox-batch spark start`), which a developer may be using. Skipped only where
-there is no Java. A Connect client switches its whole Python process to Connect mode, so every client here is a
-child process: the CLI, or a small script for the gate."""
+The tests share the private server of the whole run (`tests/connect_support.py`, started once, about 20 s; the
+test that kills it runs last) with the end-to-end cases and the fuzzer's Connect leg, never
+the project's own (`iox-batch spark start`), which a developer may be using. Skipped only where there is no Java.
+A Connect client switches its whole Python process to Connect mode, so every client here is a child process: the
+CLI, or a small script for the gate."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 
 from common_support import assert_one_paragraph_error, live_chunks, run_cli
-from connect_support import SLOW, Server
+from connect_support import SLOW, Server, kills_the_server
 from gate_support import GATE_ALLOWED, GATE_REFUSED
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.scenario import load_scenario, read_scenario
@@ -51,18 +52,6 @@ ROWS = [
     {"state": "MA", "city": "Boston", "min_temp": 67.4, "max_temp": None, "area": None,
      "time": "1970-01-01T00:00:00.00000055Z"},
 ]
-
-
-@pytest.fixture
-def connect(connect_server: Server, catalog_url: str) -> dict[str, str]:
-    """The environment of an `iox-batch` run on the connect runner (and the catalog of the tests): the private
-    server as a remote one, its gate's port and token given as a deployment gives them."""
-    url = connect_server.up()
-    # No JVM can start in the client (a Java that is not there): whatever Spark work a command does runs on the
-    # server, or the command fails.
-    return {"IOX_RUNNER": "connect", "JAVA_HOME": "/nonexistent/java", "IOX_SPARK_REMOTE": url,
-            "IOX_SPARK_GATE_PORT": str(connect_server.server.gate_port),
-            "IOX_SPARK_GATE_TOKEN": connect_server.server.token}
 
 
 @pytest.fixture
@@ -254,11 +243,15 @@ def test_two_queries_at_once_and_a_failing_one_leave_the_server_serving(connect:
     assert after.returncode == 0 and jsonl(after.stdout) == [{"n": 8}], after.stderr
 
 
+@kills_the_server
 def test_a_server_lost_during_a_query_or_not_there_is_the_retryable_error(connect_server: Server,
                                                                           connect: dict[str, str], h2o: str) -> None:
+    started = time.monotonic()
     warm = run_cli("query", "--db", h2o, "--format", "jsonl", "SELECT count(*) AS n FROM h2o", env=connect)
     assert warm.returncode == 0, warm.stderr
-    killer = threading.Timer(4.0, connect_server.kill)
+    # The kill must come once the slow query runs on the server, past its last gate (a gate that does not answer
+    # is another paragraph): later than a whole warm query takes, which grows with the machine's load.
+    killer = threading.Timer(max(4.0, 1.5 * (time.monotonic() - started)), connect_server.kill)
     killer.start()
     try:
         result = run_cli("query", "--db", h2o, SLOW, env=connect)

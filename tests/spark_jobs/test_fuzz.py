@@ -14,9 +14,13 @@ Cases rotate through five runs: the optimized plan under each dedup strategy (ar
 the naive plan (one dedup over everything, no pushdown); `IOX_FUZZ_STRATEGIES=all` runs all five for every
 case. Every run must equal the oracle, so they equal one another.
 
-Spark's cost is per scan, and unions of many scans cost more than their parts, so a case is one small job. The
-module runs with `spark.sql.shuffle.partitions=1` (restored afterwards): results never depend on it, and tiny
+Spark's cost is per scan, and unions of many scans cost more than their parts, so a case is one small job. Each
+query runs with `spark.sql.shuffle.partitions=1` (restored afterwards): results never depend on it, and tiny
 scenarios spend most of their time scheduling empty shuffle tasks otherwise.
+
+Every case runs on the in-process runner; on the connect runner (`tests/connect_support.py`) the first
+`ON_CONNECT` cases of one seed drawn from IOX_CONNECT_SEED (one run each of the five), or every case with
+IOX_CONNECT_RUN=all, against the same oracle.
 
 `IOX_FUZZ_CASES` sets the number of cases (default 64 in CI: about 80 s measured on the shared 2-core
 machine); `IOX_FUZZ_SEED` the first seed. A failure prints the seed, the run, and a scenario and SQL shrunk by
@@ -27,14 +31,15 @@ IOX_FUZZ_SEED).
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 import fuzz_support as fz
+from connect_support import RUN_ALL, Leg, runner_param, sample
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import IoxError
-from spark_support import load, run_jsonl
+from spark_support import load
 
 pytestmark = pytest.mark.spark
 
@@ -43,14 +48,8 @@ CASES = int(os.environ.get("IOX_FUZZ_CASES", "64"))
 FIRST_SEED = int(os.environ.get("IOX_FUZZ_SEED", "0"))
 RUNS = (("arrow", True), ("shared", True), ("window", True), ("node", True), ("node", False))
 SEEDS = range(FIRST_SEED, FIRST_SEED + max(1, -(-CASES // PREDICATES_PER_SEED)))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def small_shuffles(spark: Any) -> Iterator[None]:
-    before = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", "1")
-    yield
-    spark.conf.set("spark.sql.shuffle.partitions", before)
+ON_CONNECT = len(RUNS)
+SMALL_SHUFFLES = {"spark.sql.shuffle.partitions": "1"}
 
 
 def generate(seed: int) -> tuple[fz.Scenario, list[fz.Pred]]:
@@ -64,11 +63,11 @@ def runs(seed: int, i: int) -> list[tuple[str, bool]]:
     return [RUNS[(seed * PREDICATES_PER_SEED + i) % len(RUNS)]]
 
 
-def check(spark: Any, catalog: Catalog, db: str, scenario: fz.Scenario, pred: fz.Pred, strategy: str,
+def check(runner: Leg, catalog: Catalog, db: str, scenario: fz.Scenario, pred: fz.Pred, strategy: str,
           optimize: bool, aggregate: bool = False) -> str | None:
     """What differs from the oracle for one predicate, or None."""
     def run(sql: str) -> list[dict[str, Any]]:
-        return run_jsonl(spark, catalog, db, sql, optimize=optimize, strategy=strategy)
+        return runner.jsonl(catalog, db, sql, optimize=optimize, strategy=strategy, conf=SMALL_SHUFFLES)
 
     got = sorted(((r["part"], r["t1"], r["t2"], fz._norm(r["f"]), r["g"], r["s"], fz.micros_of(r["time"]))
                   for r in run(fz.partition_query(pred))), key=repr)
@@ -88,7 +87,7 @@ def check(spark: Any, catalog: Catalog, db: str, scenario: fz.Scenario, pred: fz
     return None
 
 
-def _report(spark: Any, catalog: Catalog, db: str, seed: int, scenario: fz.Scenario, pred: fz.Pred,
+def _report(runner: Leg, catalog: Catalog, db: str, seed: int, scenario: fz.Scenario, pred: fz.Pred,
             strategy: str, optimize: bool, why: str) -> str:
     attempts = [0]
 
@@ -97,30 +96,34 @@ def _report(spark: Any, catalog: Catalog, db: str, seed: int, scenario: fz.Scena
         name = f"{db}_s{attempts[0]}"
         try:
             load(catalog, name, sc.entries())
-            return check(spark, catalog, name, sc, p, strategy, optimize, aggregate=True) is not None
+            return check(runner, catalog, name, sc, p, strategy, optimize, aggregate=True) is not None
         except IoxError as err:
             return "unknown column" not in str(err)  # a dropped chunk took a column away: not the same failure
 
     small, p = fz.shrink(scenario, pred, fails)
-    return (f"fuzz seed={seed} strategy={strategy} optimized={optimize}: {why}\n"
+    return (f"fuzz seed={seed} runner={runner.name} strategy={strategy} optimized={optimize}: {why}\n"
             f"shrunk predicate: {p.sql}\nshrunk scenario:\n{small.describe()}\n"
             f"query: {fz.partition_query(p)}")
 
 
-@pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed={s}")
-def test_fuzz(spark: Any, catalog: Catalog, db: str, seed: int) -> None:
+@pytest.mark.parametrize(("runner", "seed"), [runner_param("in-process", seed=seed) for seed in SEEDS]
+                         + [runner_param("connect", seed=seed) for seed in sample(SEEDS, 1)], indirect=["runner"])
+def test_fuzz(runner: Leg, catalog: Catalog, db: str, seed: int) -> None:
     scenario, preds = generate(seed)
     load(catalog, db, scenario.entries())
     first = (seed - FIRST_SEED) * PREDICATES_PER_SEED
-    for i, pred in enumerate(preds[:max(0, CASES - first)]):
+    cases = max(0, CASES - first)
+    if runner.name == "connect" and not RUN_ALL:
+        cases = min(cases, ON_CONNECT)
+    for i, pred in enumerate(preds[:cases]):
         for strategy, optimize in runs(seed, i):
             try:
-                why = check(spark, catalog, db, scenario, pred, strategy, optimize, aggregate=i == 0)
+                why = check(runner, catalog, db, scenario, pred, strategy, optimize, aggregate=i == 0)
             except IoxError as err:
-                pytest.fail(f"fuzz seed={seed} strategy={strategy} optimized={optimize} raised {err}\n"
-                            f"predicate: {pred.sql}\nscenario:\n{scenario.describe()}")
+                pytest.fail(f"fuzz seed={seed} runner={runner.name} strategy={strategy} optimized={optimize} "
+                            f"raised {err}\npredicate: {pred.sql}\nscenario:\n{scenario.describe()}")
             if why is not None:
-                pytest.fail(_report(spark, catalog, db, seed, scenario, pred, strategy, optimize, why))
+                pytest.fail(_report(runner, catalog, db, seed, scenario, pred, strategy, optimize, why))
 
 
 def test_generator_is_replayable_and_varied() -> None:
