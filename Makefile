@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYSPARK_PIN := $(shell grep -E '^pyspark==' requirements.lock)
 PYTEST_ARGS ?=
 
-.PHONY: all venv test test-fast soak faults demo typecheck bench bench-compaction lock clean stop-postgres airflow-setup
+.PHONY: all venv test test-fast soak faults demo typecheck bench bench-compaction bench-late-batch bench-tsbs lock clean stop-postgres airflow-setup
 
 all: test
 
@@ -71,6 +71,8 @@ bench: venv
 	$(BIN)/python benchmarks/bench_staleness.py
 	$(BIN)/python benchmarks/bench_merge.py
 	$(BIN)/python benchmarks/bench_persist.py
+	$(BIN)/python benchmarks/bench_late_batch.py
+	$(BIN)/python benchmarks/bench_tsbs.py
 
 # Compaction and persist speed (issue 25's figures, see benchmarks/README.md): the merge kernel against DuckDB, Polars
 # (when installed) and Arrow on one core; persist rows/s; compaction rows/s against the query-time merge on Spark.
@@ -79,6 +81,16 @@ bench-compaction: venv
 	$(BIN)/python benchmarks/bench_merge.py $(if $(BENCH_HOSTS),--hosts $(BENCH_HOSTS))
 	$(BIN)/python benchmarks/bench_persist.py $(if $(BENCH_HOSTS),--hosts $(BENCH_HOSTS))
 	$(BIN)/python benchmarks/bench_compact.py $(if $(BENCH_HOSTS),--hosts $(BENCH_HOSTS))
+
+# A late batch on the 8.6 M-row wide shape (1,000 hosts; BENCH_HOSTS=20 is a smoke test): seconds from its landing
+# until queries are back within 1.05x a plain scan, with persist --compact's functions.
+bench-late-batch: venv
+	$(BIN)/python benchmarks/bench_late_batch.py $(if $(BENCH_HOSTS),--hosts $(BENCH_HOSTS))
+
+# The TSBS cpu-only query types, iox-batch against a plain Spark scan of the same files: in one session and as whole
+# processes (in-process, over Spark Connect, the plain script). BENCH_HOSTS sizes it (default 200 hosts x 24 h).
+bench-tsbs: venv
+	$(BIN)/python benchmarks/bench_tsbs.py $(if $(BENCH_HOSTS),--hosts $(BENCH_HOSTS))
 
 # Regenerate the lock from requirements.in (needs the registry).
 lock:

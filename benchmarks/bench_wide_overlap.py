@@ -53,7 +53,9 @@ print(rows, pa.default_memory_pool().max_memory() // 1024, resource.getrusage(re
 """
 
 
-def build(catalog: Catalog, db: str, hosts: int, late_hosts: int, interval_s: int) -> int:
+def write_day(catalog: Catalog, db: str, hosts: int, late_hosts: int, interval_s: int) -> pa.Table:
+    """A day of `hosts` in 24 hourly Parquet files, written; returns the late batch, not written: the first
+    `late_hosts` hosts rewritten across the whole day (changed and omitted fields)."""
     rng = np.random.default_rng(7)
     walk = rng.uniform(0, 100, (hosts, len(tsbs.FIELDS)))
     late = []
@@ -62,9 +64,14 @@ def build(catalog: Catalog, db: str, hosts: int, late_hosts: int, interval_s: in
         write_table(catalog, db, "cpu", table, COLUMNS)
         late.append(table.filter(pa.array(np.isin(table["hostname"].to_numpy(zero_copy_only=False),
                                                    [tsbs.host_tags(h)["hostname"] for h in range(late_hosts)]))))
+    return rewrite_of(rng, pa.concat_tables(late))
+
+
+def build(catalog: Catalog, db: str, hosts: int, late_hosts: int, interval_s: int) -> int:
+    late = write_day(catalog, db, hosts, late_hosts, interval_s)
     # The late batch: a few hosts rewritten across the whole day, one file spanning every hour.
-    write_table(catalog, db, "cpu", rewrite_of(rng, pa.concat_tables(late)), COLUMNS)
-    return hosts * 24 * 3600 // interval_s + late_hosts * 24 * 3600 // interval_s
+    write_table(catalog, db, "cpu", late, COLUMNS)
+    return hosts * 24 * 3600 // interval_s + late.num_rows
 
 
 def largest_task(plan: Any, root: Any) -> tuple[int, int, int]:

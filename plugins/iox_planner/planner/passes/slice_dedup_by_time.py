@@ -13,7 +13,8 @@ Rows with different `time` are never duplicates, so the slices together give exa
 scans only the chunks whose time range meets it, and a chunk meeting several slices is read by each, filtered to
 that slice (the executors apply `time_slice` as inclusive bounds on `time`). The estimate comes from the catalog's
 row counts and time ranges; a group with a chunk lacking either stays whole. A sliced dedup is kept even over one
-duplicate-free chunk: its slice bounds are what keep that chunk's rows from being emitted twice.
+duplicate-free chunk: its slice bounds are what keep that chunk's rows from being emitted twice. A group that is one
+duplicate-free chunk (a large compacted file) is not sliced: it needs no dedup at all.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def slice_dedup_by_time(plan: PlanNode, ctx: PassContext) -> PlanNode:
         chunks = leaf_chunks(node.child)
         if not chunks or sum(c.rows or 0 for c in chunks) <= budget:
             return node
+        if len(chunks) == 1 and not chunks[0].may_contain_pk_duplicates:
+            return node  # nothing to merge: `remove_dedup_without_duplicates` drops this dedup, a slice would not go
         spans = []
         for c in chunks:
             if c.rows is None or c.time_min is None or c.time_max is None:
