@@ -47,7 +47,10 @@ returns within one row (a backtracking regular expression: Java's never looks at
 until that row is done. The command has ended by then (a CLI process and its JVM end with it; a spark-submit job
 ends, its group stopped if need be); a long-lived session has that core busy meanwhile."""
 
-_LOST_CONNECTION = frozenset({"Py4JNetworkError", "ConnectionResetError", "ConnectionRefusedError",
+# How py4j reports a JVM going down under a call: a broken connection, or (seen under load, the call answered by
+# a closing socket) a plain `Py4JError` "An error occurred while calling oN.getResult". Not `Py4JJavaError`, its
+# subclass for an exception the JVM raised: that is the query's own error, with the JVM alive.
+_LOST_CONNECTION = frozenset({"Py4JNetworkError", "Py4JError", "ConnectionResetError", "ConnectionRefusedError",
                               "ConnectionAbortedError", "BrokenPipeError", "EOFError"})
 
 

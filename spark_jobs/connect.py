@@ -122,13 +122,15 @@ def release(spark: Any) -> None:
     """End `spark`'s session on the server (its views go at once, not at the server's idle timeout) and close
     the connection. Nothing is reported: the command's work is done and its result written."""
     _GATES.pop(id(spark), None)
-    try:
-        # Whatever of this session still runs there (an operation a budget's interrupt reached before it had
-        # started) stops with the command, rather than holding the server's cores for the next one.
-        spark.interruptAll()
-        spark.client.release_session()
-    except Exception:  # noqa: BLE001 - a server gone by now has nothing left to release
-        pass
+    # Whatever of this session still runs there (an operation a budget's interrupt reached before it had
+    # started) stops with the command, rather than holding the server's cores for the next one. Each call on its
+    # own: a failed interrupt must not keep the session from being released (releasing it interrupts its
+    # operations too), nor a failed release leave the interrupt untried.
+    for end in (spark.interruptAll, spark.client.release_session):
+        try:
+            end()
+        except Exception:  # noqa: BLE001 - a server gone by now has nothing left to release
+            pass
     _forget(spark)
 
 

@@ -60,6 +60,14 @@ def h2o(catalog: Catalog, db: str) -> str:
     return db
 
 
+def server_log_tail(server: Server, lines: int = 60) -> str:
+    """The end of the private server's log, for a failure's message: what the server was doing meanwhile."""
+    try:
+        return "\n".join(server.log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as err:
+        return f"(no server log: {err})"
+
+
 def jsonl(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines()]
 
@@ -180,7 +188,8 @@ def test_a_query_is_refused_when_the_gate_refuses_the_token_or_does_not_answer(c
     assert_one_paragraph_error(result, "IOX_SPARK_GATE_TOKEN is not set")
 
 
-def test_a_budget_cancels_the_query_on_the_server_which_serves_the_next(connect: dict[str, str], h2o: str) -> None:
+def test_a_budget_cancels_the_query_on_the_server_which_serves_the_next(connect: dict[str, str], h2o: str,
+                                                                       connect_server: Server) -> None:
     warm = run_cli("query", "--db", h2o, "--format", "jsonl", "SELECT count(*) AS n FROM h2o", env=connect)
     assert warm.returncode == 0 and jsonl(warm.stdout) == [{"n": 8}], warm.stderr
     started = time.monotonic()
@@ -192,7 +201,7 @@ def test_a_budget_cancels_the_query_on_the_server_which_serves_the_next(connect:
     assert elapsed < 3 + 20, elapsed
     # The cancelled tasks gave their cores back: the next query answers at once, in full.
     after = run_cli("query", "--db", h2o, "--format", "jsonl", "--timeout", "60", QUERY, env=connect)
-    assert after.returncode == 0, after.stderr
+    assert after.returncode == 0, (after.stderr, server_log_tail(connect_server))
     assert jsonl(after.stdout) == ROWS
 
 
