@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench_compact import interleaved, load_report, median_of, median_ratio  # noqa: E402
+from turns import interleaved, load_report, median_of, median_ratio  # noqa: E402
 from bench_persist import _ingester  # noqa: E402
 from bench_spark import COLUMNS, QUERY  # noqa: E402
 from bench_wide_overlap import write_day  # noqa: E402

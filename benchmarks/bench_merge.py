@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-from bench_compact import interleaved, load_report, median_of, median_ratio  # noqa: E402
+from turns import interleaved, load_report, median_of, median_ratio  # noqa: E402
 from bench_spark import COLUMNS, hour_table, rewrite_of  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
-from bench_compact import load_report  # noqa: E402
+from turns import load_report  # noqa: E402
 from bench_spark import COLUMNS, hour_table, rewrite_of  # noqa: E402
 from rich.console import Console  # noqa: E402
 

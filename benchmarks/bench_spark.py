@@ -172,7 +172,7 @@ class Child:
 
 def compare_runners(args: argparse.Namespace, catalog: Catalog, console: Console) -> None:
     """`--runner`: the plan query on each runner, taking turns (see the module's docstring)."""
-    from bench_compact import interleaved as taking_turns, load_report, median_of, median_ratio, tree_cpu_seconds
+    from turns import interleaved as taking_turns, load_report, median_of, median_ratio, tree_cpu_seconds
 
     from iox_planner.planner.serde import plan_to_json
     from iox_planner.spark import server as sparkserver

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench_compact import interleaved, load_report, median_of, median_ratio  # noqa: E402
+from turns import interleaved, load_report, median_of, median_ratio  # noqa: E402
 from bench_spark import T0, build  # noqa: E402
 from tsbs_plain import plain_view  # noqa: E402
 

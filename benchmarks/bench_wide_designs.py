@@ -44,7 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_compact import interleaved, median_of  # noqa: E402
+from turns import interleaved, median_of  # noqa: E402
 from bench_spark import QUERY  # noqa: E402
 from bench_wide_overlap import build  # noqa: E402
 
