@@ -52,15 +52,17 @@ def _find(names: list[str]) -> list[dict[str, Any]]:
 
 
 def _refresh(item: dict[str, Any], context: Any) -> dict[str, Any]:
+    from contextlib import nullcontext
+
     from airflow.sdk import get_current_context
     from airflow.sdk.exceptions import AirflowFailException
 
     from iox_planner.runs import refresh
     from iox_planner.runs.staging import RunIdentity
-    from iox_planner.spark.launch import Launcher, SubmitLauncher
+    from iox_planner.spark.launch import SubmitLauncher
     from iox_planner.timeutil import format_time
 
-    from iox_airflow.spark import CONNECT_CONN_ID, connect_remote, uses_connect
+    from iox_airflow.spark import connect_launcher, uses_connect
 
     settings = RunSettings.from_env()
     definition = refresh.pick(load_definitions(settings.materialized_dir), item["name"])
@@ -71,20 +73,9 @@ def _refresh(item: dict[str, Any], context: Any) -> dict[str, Any]:
     run = RunIdentity(ti.dag_id, f"{ti.run_id}:{item['name']}:{format_time(item['start'])}")
     # Its Spark jobs over Spark Connect (IOX_RUNNER=connect: the connection's server, the operator's way), else
     # through spark-submit from this task; either way no Spark session of the worker's own.
-    connect = uses_connect()
-    launcher: Launcher = SubmitLauncher()
-    if connect:
-        from spark_jobs.launch import ConnectLauncher
-
-        launcher = ConnectLauncher(progress=print, remote=connect_remote(CONNECT_CONN_ID))
-    try:
+    with connect_launcher() if uses_connect() else nullcontext(SubmitLauncher()) as launcher:
         result = refresh.refresh_interval(definition, int(item["start"]), int(item["end"]), run, settings,
                                           launcher=launcher, holder_state=ti.get_dagrun_state)
-    finally:
-        if connect:
-            from spark_jobs.connect import release_shared
-
-            release_shared()
     print(refresh.describe(result))
     if not result.ok:
         raise AirflowFailException(refresh.describe(result))

@@ -117,17 +117,16 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
     def execute_connect(self, job: JobSpec, error_file: Path | None) -> None:
         """`job` on the Spark Connect server of `iox_spark_connect` (see the class), its progress in the task's
         log; its session on the server ends with it."""
-        from spark_jobs.connect import release_shared, server_lost
-        from spark_jobs.launch import ConnectLauncher
+        from spark_jobs.connect import server_lost
 
-        from iox_airflow.spark import connect_remote
+        from iox_airflow.spark import connect_launcher
 
         url = None
         try:
-            remote = connect_remote(CONNECT_CONN_ID)
-            url = remote.url
-            self.log.info("running %s on the Spark Connect server at %s", job.script, url)
-            ConnectLauncher(progress=print, remote=remote).run(job)
+            with connect_launcher(CONNECT_CONN_ID) as launcher:
+                url = launcher.remote.url if launcher.remote is not None else None
+                self.log.info("running %s on the Spark Connect server at %s", job.script, url)
+                launcher.run(job)
         except Exception as err:
             from iox_planner.catalog.store import catalog_unavailable
 
@@ -137,8 +136,6 @@ class IoxSparkSubmitOperator(SparkSubmitOperator):
             if failure is not None and failure is not err:
                 raise failure from err
             raise
-        finally:
-            release_shared()
 
     def _stop_past_budget(self, seconds: float, done: threading.Event, expired: threading.Event) -> None:
         if done.wait(seconds):

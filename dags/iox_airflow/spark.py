@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     from iox_planner.spark.server import Remote
+    from spark_jobs.launch import ConnectLauncher
 
 SPARK_CONN_ID = "spark_default"
 CONNECT_CONN_ID = "iox_spark_connect"
@@ -84,3 +86,17 @@ def connect_remote(conn_id: str = CONNECT_CONN_ID) -> Remote:
                         str(token) if token else None, what=what,
                         gate_port_what=f"its extra {GATE_PORT_EXTRA!r} (or {config.SPARK_GATE_PORT.name})",
                         token_what=f"its extra {GATE_TOKEN_EXTRA!r} (or {config.SPARK_GATE_TOKEN.name})")
+
+
+@contextmanager
+def connect_launcher(conn_id: str = CONNECT_CONN_ID) -> Iterator[ConnectLauncher]:
+    """The seam's Connect launcher on `conn_id`'s server (`connect_remote`), its progress in the task's log; the
+    task's session on the server ends with the block, however it ends (a retry, or the next task in the same
+    process, opens its own)."""
+    from spark_jobs.connect import release_shared
+    from spark_jobs.launch import ConnectLauncher
+
+    try:
+        yield ConnectLauncher(progress=print, remote=connect_remote(conn_id))
+    finally:
+        release_shared()
