@@ -73,14 +73,17 @@ bench: venv
 	$(BIN)/python benchmarks/bench_persist.py
 	$(BIN)/python benchmarks/bench_late_batch.py
 	$(BIN)/python benchmarks/bench_tsbs.py
+	$(BIN)/python benchmarks/bench_read_once.py
 
 # Compaction and persist speed (issue 25's figures, see benchmarks/README.md): the merge kernel against DuckDB, Polars
-# (when installed) and Arrow on one core; persist rows/s; compaction rows/s against the query-time merge on Spark.
-# BENCH_HOSTS sizes all three (default: each script's own).
+# (when installed) and Arrow on one core; persist rows/s; compaction rows/s against the query-time merge on Spark; a
+# compaction task reading a file shared by its slices once against once per slice. BENCH_HOSTS sizes all four
+# (default: each script's own).
 bench-compaction: venv
 	$(BIN)/python benchmarks/bench_merge.py $(if $(BENCH_HOSTS),--hosts $(BENCH_HOSTS))
 	$(BIN)/python benchmarks/bench_persist.py $(if $(BENCH_HOSTS),--hosts $(BENCH_HOSTS))
 	$(BIN)/python benchmarks/bench_compact.py $(if $(BENCH_HOSTS),--hosts $(BENCH_HOSTS))
+	$(BIN)/python benchmarks/bench_read_once.py $(if $(BENCH_HOSTS),--hosts $(BENCH_HOSTS))
 
 # A late batch on the 8.6 M-row wide shape (1,000 hosts; BENCH_HOSTS=20 is a smoke test): seconds from its landing
 # until queries are back within 1.05x a plain scan, with persist --compact's functions.

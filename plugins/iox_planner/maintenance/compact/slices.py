@@ -260,7 +260,10 @@ def _split_input(path: Path, ranges: Sequence[tuple[int, int]], tags: Sequence[s
     finally:
         for writer in writers.values():
             writer.close()
-    return [scratch / f"{order[k]}.arrow" if k in writers else None for k in range(len(ranges))]
+    pieces: list[Path | None] = [None] * len(ranges)
+    for k in writers:
+        pieces[order[k]] = scratch / f"{order[k]}.arrow"
+    return pieces
 
 
 def _read_piece(piece: Path) -> Any:
