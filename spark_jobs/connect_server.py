@@ -121,8 +121,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     orphans.watch(spark, stopping)
     gate = ThreadingHTTPServer((args.host, args.gate_port), gate_handler(spark, token))
     gate.daemon_threads = True
-    # SIGTERM (iox-batch spark stop, to the whole group) ends the gate, then the session, then the process.
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=gate.shutdown, daemon=True).start())
+
+    def on_term(*_: Any) -> None:
+        # SIGTERM (iox-batch spark stop, to the whole group) ends the gate, then the session, then the process;
+        # the JVM has it too, so the watch stops looking at once.
+        stopping.set()
+        threading.Thread(target=gate.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_term)
     print(f"iox-batch Spark Connect server: Connect on {args.host}:{args.port}, gate on {args.host}:"
           f"{args.gate_port}", file=sys.stderr, flush=True)
     try:

@@ -70,7 +70,7 @@ def watch(spark: Any, stop: threading.Event) -> threading.Thread:
                     print(f"cancelled Spark job {job}: its query had ended", file=sys.stderr, flush=True)
                 suspects = found - seen_twice
             except Exception as err:  # noqa: BLE001 - the server goes on serving; this only frees cores sooner
-                if not failed:
+                if not failed and not stop.is_set():  # a server stopping: its JVM goes first
                     print(f"cannot look for orphaned Spark jobs: {type(err).__name__}", file=sys.stderr, flush=True)
                 failed = True
 
