@@ -1,6 +1,7 @@
 """The project's Spark Connect server, one Python process (`python -m spark_jobs.connect_server`, started by
 `iox-batch spark start`: `iox_planner/spark/server.py`): a SparkSession whose JVM runs Spark's Connect plugin (the
-server the `connect` runner's sessions use), and beside it the last gate's parse endpoint.
+server the `connect` runner's sessions use), and beside it the last gate's parse endpoint and the watch that
+cancels a job still running after its query ended (`orphans.py`: an interrupted operation can leave one behind).
 
 Spark Connect has no parse-only call: EXPLAIN analyzes, and analysis runs EXECUTE IMMEDIATE's statement (`EXPLAIN
 EXTENDED EXECUTE IMMEDIATE 'CREATE TABLE ...'` creates the table). The endpoint gives the client what the
@@ -112,19 +113,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
+    from spark_jobs import orphans
     from spark_jobs.session import build_session
 
     spark = build_session(app="iox-batch Spark Connect", conf=conf)
+    stopping = threading.Event()
+    orphans.watch(spark, stopping)
     gate = ThreadingHTTPServer((args.host, args.gate_port), gate_handler(spark, token))
     gate.daemon_threads = True
-    # SIGTERM (iox-batch spark stop, to the whole group) ends the gate, then the session, then the process.
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=gate.shutdown, daemon=True).start())
+
+    def on_term(*_: Any) -> None:
+        # SIGTERM (iox-batch spark stop, to the whole group) ends the gate, then the session, then the process;
+        # the JVM has it too, so the watch stops looking at once.
+        stopping.set()
+        threading.Thread(target=gate.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_term)
     print(f"iox-batch Spark Connect server: Connect on {args.host}:{args.port}, gate on {args.host}:"
           f"{args.gate_port}", file=sys.stderr, flush=True)
     try:
         gate.serve_forever()
     finally:
         gate.server_close()
+        stopping.set()
         try:
             spark.stop()
         except Exception:  # noqa: BLE001 - the JVM had the same signal and may be gone already
