@@ -17,6 +17,7 @@ from spark_jobs import orphans
 
 pytestmark = pytest.mark.spark
 
+
 def ended_query_tags(spark: Any) -> list[str]:
     """The job tags of a query that has run and ended, as Spark recorded them."""
     sc = spark.sparkContext
