@@ -259,3 +259,24 @@ def test_a_split_gives_each_range_its_own_rows_whatever_the_ranges_order(tmp_pat
     got = [None if p is None else pa.ipc.open_stream(pa.memory_map(str(p))).read_all()[TIME].to_pylist()
            for p in pieces]
     assert got == [[5, 6, 7, 8, 9], [0, 1, 2], [3, 4], None]
+
+
+def test_a_bundle_of_two_tables_splits_each_file_with_its_own_tables_tags(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One call compacts every locked partition, so a bundle may hold slices of tables with different tags: a
+    file is split with its own table's tags dictionary encoded (as a filtered read encodes them)."""
+    from iox_planner.maintenance.compact import slices
+
+    host_file = write_file(tmp_path, "a.parquet", [{"host": "h", TIME: t} for t in range(4)], 10)
+    region = pa.table({"region": pa.array([f"r{t % 2}" for t in range(30)]), TIME: pa.array(range(30), pa.int64())})
+    pq.write_table(region.sort_by([("region", "ascending"), (TIME, "ascending")]), tmp_path / "b.parquet")
+    other = (("region", "tag"), (TIME, "time"))
+    tasks = [SliceTask(1, 0, 0, 3, ((host_file, 1),), COLUMNS, SORT_KEY, "out/a.compacted.parquet", 1),
+             *[SliceTask(2, i + 1, lo, lo + 9, (("b.parquet", 1),), other, ("region", TIME),
+                         f"out/b{i}.compacted.parquet", 1) for i, lo in enumerate(range(0, 30, 10))]]
+    pieces: list[Any] = []
+    read_piece = slices._read_piece
+    monkeypatch.setattr(slices, "_read_piece", lambda piece: pieces.append(read_piece(piece)) or pieces[-1])
+    results = compact_slices(tasks, str(tmp_path))
+    assert len(pieces) == 3 and all(pa.types.is_dictionary(p["region"].type) for p in pieces)
+    assert [r.rows_out for r in results] == [4, 10, 10, 10]

@@ -102,7 +102,6 @@ def compact_slices(tasks: Sequence[SliceTask], root: str) -> list[SliceResult]:
         return [compact_slice(task, root) for task in tasks]
     import tempfile
 
-    tags = _tags(tasks[0])
     results = []
     sweep_scratch(Path(tempfile.gettempdir()))
     with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as scratch:
@@ -110,8 +109,9 @@ def compact_slices(tasks: Sequence[SliceTask], root: str) -> list[SliceResult]:
         for i, task in enumerate(tasks):
             for n, (path, users) in enumerate(shared.items()):
                 if users[0] == i:  # split before its first slice, one folder per file
-                    split = _split_input(Path(root) / path, [(tasks[j].lo, tasks[j].hi) for j in users], tags,
-                                         Path(scratch) / str(n))
+                    # Its own table's tags: a bundle may hold slices of several tables (one call, `run.compact`).
+                    split = _split_input(Path(root) / path, [(tasks[j].lo, tasks[j].hi) for j in users],
+                                         _tags(task), Path(scratch) / str(n))
                     pieces.update({(path, j): piece for j, piece in zip(users, split)})
             mine = {path: pieces.pop((path, i)) for path, _ in task.inputs if (path, i) in pieces}
             try:
