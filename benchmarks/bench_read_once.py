@@ -97,9 +97,7 @@ def main() -> None:
                       f"cpu {median_ratio(rounds, 'slice by slice cpu', 'read once cpu'):.2f}x")
         console.print(load_report(load_start))
     finally:
-        for task in tasks if "tasks" in locals() else []:
-            (root / task.output).unlink(missing_ok=True)
-        drop_database(catalog, db, root)
+        drop_database(catalog, db, root)  # its warehouse folder too, with the outputs written under it
 
 
 if __name__ == "__main__":
