@@ -286,7 +286,8 @@ def test_spark_start_refuses_a_port_without_a_gate_port_a_bare_public_bind_and_t
             (("--port", "0"), ("--port 0", "from 1 to 65534")),
             (("--host", "0.0.0.0"), ("--host 0.0.0.0", "in clear", "--behind-tls-proxy")),
             (("--conf", "spark.connect.authenticate.token=x" * 4), ("spark.connect.authenticate.token", "set by"))):
-        result = run_cli("spark", "start", *args)
+        # No Java: were the refusal missing, the start would fail rather than start the project's own server.
+        result = run_cli("spark", "start", *args, env={"JAVA_HOME": "/nonexistent/java"})
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert_one_paragraph_error(result, *needles)
 
