@@ -292,6 +292,20 @@ def test_spark_start_refuses_a_port_without_a_gate_port_a_bare_public_bind_and_t
         assert_one_paragraph_error(result, *needles)
 
 
+def test_the_server_process_refuses_to_start_without_a_token_on_any_address() -> None:
+    """`python -m spark_jobs.connect_server` itself (what `spark start` runs) refuses a missing or short token before
+    its JVM starts, whether bound to loopback or beyond it."""
+    env = {k: v for k, v in os.environ.items() if k != "IOX_SPARK_GATE_TOKEN"}
+    for host, token in (("0.0.0.0", None), ("127.0.0.1", None), ("0.0.0.0", "short")):
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "spark_jobs.connect_server", "--host", host, "--port", "1",
+                               "--gate-port", "2"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                              env={**env, "JAVA_HOME": "/nonexistent/java",
+                                   **({"IOX_SPARK_GATE_TOKEN": token} if token else {})})
+        assert done.returncode == 2 and "not a usable token" in done.stderr, (host, done.stderr[-2000:])
+        assert time.monotonic() - started < 60
+
+
 def test_a_second_start_asking_for_another_server_is_refused_and_a_plain_one_keeps_it(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A running server (a process that is one by its command line, and both its ports listening) is kept by a

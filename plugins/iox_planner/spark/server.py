@@ -125,7 +125,9 @@ def check_remote(url: str, what: str = REMOTE_ENV) -> tuple[str, int]:
     user id) from the URL, which are a deployment's business, not a setting to pass through unread."""
     found = _REMOTE.fullmatch(url.strip())
     if found is None or not 1 <= int(found.group("port")) <= 65535:
-        raise BadInputError(f"{what}={url[:80]!r} is not a Spark Connect address; give sc://HOST:PORT (for example "
+        # Shown up to its first `;`: what follows may be a token (`;token=...`), never repeated in a message.
+        raise BadInputError(f"{what}={url.split(';')[0][:80]!r} is not a Spark Connect address; give sc://HOST:PORT "
+                            "and nothing after it (a token goes in IOX_SPARK_GATE_TOKEN; for example "
                             "sc://127.0.0.1:15002), or unset it to use the project's own server (iox-batch spark "
                             "start)")
     return found.group("host"), int(found.group("port"))
@@ -134,9 +136,9 @@ def check_remote(url: str, what: str = REMOTE_ENV) -> tuple[str, int]:
 def check_token(token: str, what: str = GATE_TOKEN_ENV) -> str:
     """`token` if it is at least 32 printable ASCII characters without spaces (it travels in an HTTP header)."""
     if len(token) < _MIN_TOKEN or len(token) > 512 or not all(33 <= ord(c) < 127 for c in token):
-        raise BadInputError(f"{what} is not a usable gate token; set {_MIN_TOKEN} or more printable ASCII characters "
-                            "without spaces (for example the output of `openssl rand -hex 32`), the same for the "
-                            "server and its clients")
+        raise BadInputError(f"{what} is not a usable token for the Spark Connect server; set {_MIN_TOKEN} or more "
+                            "printable ASCII characters without spaces (for example the output of `openssl rand "
+                            "-hex 32`), the same for the server and its clients")
     return token
 
 
