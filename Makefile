@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYSPARK_PIN := $(shell grep -E '^pyspark==' requirements.lock)
 PYTEST_ARGS ?=
 
-.PHONY: all venv test test-fast soak faults demo typecheck bench bench-compaction bench-late-batch bench-tsbs lock clean stop-postgres airflow-setup
+.PHONY: all venv nginx test test-fast soak faults demo typecheck bench bench-compaction bench-late-batch bench-tsbs lock clean stop-postgres airflow-setup
 
 all: test
 
@@ -31,7 +31,15 @@ venv: $(STAMP)
 # scheduler, api-server or Postgres cluster is started once, on one worker) in file order, so the longest, the
 # backfill, starts first instead of holding up the end.
 # The slowest tests are listed at the end of each run, so CI shows where its time budget goes.
-test: venv
+# The Spark Connect TLS proxy's test (tests/spark_jobs/test_connect_auth.py) runs Debian's nginx, as
+# docker-compose.yml's proxy does: installed when missing (as root; otherwise that test is skipped, and says so).
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { test "$$(id -u)" = 0 \
+	  && { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx >/dev/null 2>&1 \
+	       || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx; }; }; } \
+	  || echo "nginx is not installed (apt-get install nginx as root): the TLS proxy test will be skipped"
+
+test: venv nginx
 	$(BIN)/iox-batch catalog migrate
 	$(BIN)/python -m pytest -n 2 --ignore=tests/airflow --durations=20 $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests/airflow --durations=10 $(PYTEST_ARGS)

@@ -13,12 +13,15 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import os
+import ssl
 import warnings
+from pathlib import Path
 from typing import Any
 
 from iox_planner.errors import BadInputError, BadQueryError, IoxError, SparkUnavailableError, UnsupportedError
 from iox_planner.spark.conf import session_conf
-from iox_planner.spark.server import GATE_MAX_BYTES, GATE_PATH, GATE_TIMEOUT_S, Remote
+from iox_planner.spark.server import GATE_MAX_BYTES, GATE_PATH, GATE_TIMEOUT_S, GATE_TOKEN_ENV, Remote
 
 # The client warns on standard error when it gives up; the lost server is reported in one paragraph instead.
 warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
@@ -52,15 +55,44 @@ _GATES: dict[int, tuple[Any, Remote]] = {}
 """Each Connect session this process made, with its server's gate (the session is held: its id stays its own)."""
 
 
+def _channel(remote: Remote) -> Any:
+    """How the session reaches `remote`: the server's token as a bearer token on every call, over TLS trusting
+    `remote.ca` (or the system's CAs) when `remote.tls`, else over loopback only (gRPC's local credentials refuse
+    any other peer). The token is a parameter of the builder, never in the URL (which messages quote) nor in this
+    process's environment (which its children would inherit)."""
+    import grpc  # type: ignore[import-untyped]
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    class Channel(DefaultChannelBuilder):
+        def toChannel(self) -> Any:  # noqa: N802 - PySpark's name
+            # PySpark's own would choose TLS for a token to any host but `localhost` (127.0.0.1 included), and
+            # read a CA only from a process-wide gRPC variable.
+            if remote.tls:
+                roots = Path(remote.ca).read_bytes() if remote.ca else None
+                channel = grpc.ssl_channel_credentials(root_certificates=roots)
+            else:
+                channel = grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+            return self._secure_channel(self.endpoint, grpc.composite_channel_credentials(
+                channel, grpc.access_token_call_credentials(remote.token)))
+
+    builder = Channel(remote.url)
+    builder.set(DefaultChannelBuilder.PARAM_TOKEN, remote.token)
+    if remote.tls:
+        builder.set(DefaultChannelBuilder.PARAM_USE_SSL, "true")
+    return builder
+
+
 def remote_session(remote: Remote) -> Any:
-    """A Spark Connect session on `remote.url` (`sc://HOST:PORT`) with iox-batch's SQL settings set on it, each
-    checked: the server may be one iox-batch did not start, and the security settings must hold whatever it
-    defaults to. A server that does not answer is `SparkUnavailableError`."""
-    from pyspark.sql import SparkSession
+    """A Spark Connect session on `remote.url` (`sc://HOST:PORT`), with the server's token, with iox-batch's SQL
+    settings set on it, each checked: the server may be one iox-batch did not start, and the security settings
+    must hold whatever it defaults to. A server that does not answer is `SparkUnavailableError`."""
     from pyspark.sql.connect.client.retries import DefaultPolicy
+    from pyspark.sql.connect.session import SparkSession
 
     url = remote.url
-    spark = SparkSession.builder.remote(url).getOrCreate()
+    # As PySpark's own builder marks a process whose session is remote (`SparkSession.builder.remote`).
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    spark = SparkSession.builder.channelBuilder(_channel(remote)).getOrCreate()
     # As session.py's: PySpark logs a failed query's context as JSON on standard error; iox-batch reports it.
     logging.getLogger("SQLQueryContextLogger").disabled = True
     spark.client.set_retry_policies([DefaultPolicy(max_retries=_RETRIES, max_backoff=_MAX_BACKOFF_MS)])
@@ -72,7 +104,7 @@ def remote_session(remote: Remote) -> Any:
         _forget(spark)
         if isinstance(err, IoxError):
             raise
-        raise server_lost(err, url) or IoxError(f"the Spark Connect server at {url} refused iox-batch's settings: "
+        raise token_refused(err, url) or server_lost(err, url) or IoxError(f"the Spark Connect server at {url} refused iox-batch's settings: "
                                                 f"{str(err).splitlines()[0][:300] if str(err) else err!r}") from err
     _GATES[id(spark)] = (spark, remote)
     return spark
@@ -156,7 +188,9 @@ def gate_plan_json(spark: Any, text: str) -> str:
     data = text.encode("utf-8")
     if len(data) > GATE_MAX_BYTES:
         raise BadQueryError(f"the query is {len(data):,} bytes, more than the {GATE_MAX_BYTES:,} the last gate reads")
-    conn = http.client.HTTPConnection(remote.gate_host, remote.gate_port, timeout=GATE_TIMEOUT_S)
+    conn = (http.client.HTTPSConnection(remote.gate_host, remote.gate_port, timeout=GATE_TIMEOUT_S,
+                                        context=ssl.create_default_context(cafile=remote.ca))
+            if remote.tls else http.client.HTTPConnection(remote.gate_host, remote.gate_port, timeout=GATE_TIMEOUT_S))
     try:
         conn.request("POST", GATE_PATH, body=data, headers={"Authorization": f"Bearer {remote.token}",
                                                             "Content-Type": "text/plain; charset=utf-8"})
@@ -191,11 +225,23 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def token_refused(err: BaseException, url: str) -> BadInputError | None:
+    """The user's error when `err` is the server refusing the session's token (gRPC's UNAUTHENTICATED), else
+    None: the server runs nothing without the token it was started with."""
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+
+    if not (isinstance(err, SparkConnectGrpcException) and err.getGrpcStatusCode().name == "UNAUTHENTICATED"):
+        return None
+    return BadInputError(f"the Spark Connect server at {url} refused the token, so nothing was run; "
+                         f"{GATE_TOKEN_ENV} (or the iox_spark_connect connection's password) must be the token the "
+                         "server was started with (the project's own server's is in .iox/spark-connect.json)")
+
+
 def server_lost(err: BaseException, url: str | None = None) -> SparkUnavailableError | None:
     """The retryable error when `err` (or what caused it) is the server gone or unreachable (gRPC's UNAVAILABLE,
     after the client's retries) or restarted (it no longer knows this session), else None. Read from the gRPC
     status and Spark's error condition, never from message text (which may quote the user's query)."""
-    import grpc  # type: ignore[import-untyped]
+    import grpc
     from pyspark.errors import PySparkException
 
     seen: set[int] = set()

@@ -9,6 +9,10 @@ in-process gate reads: the JSON of the plan this JVM's own SQL parser builds for
 (`gate.parsed_plan_json`), nothing analyzed or run, nothing else offered. HTTP on the server's address: POST
 `/parse` with `Authorization: Bearer <token>` (the token comes in the environment, never on the command line), one
 UTF-8 text of at most `GATE_MAX_BYTES`; the answer is JSON, `{"plan": ...}` or `{"error": ..., "message": ...}`.
+
+The same token is Spark Connect's own (`spark.connect.authenticate.token`): its gRPC service refuses every call
+without it as a bearer token, before any plan runs. A client elsewhere reaches both ports through a TLS-terminating
+proxy (README: Spark Connect beyond one machine).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any, Sequence
 
 from iox_planner import config
 from iox_planner.errors import BadQueryError, IoxError
-from iox_planner.spark.server import GATE_MAX_BYTES, GATE_PATH, check_token, parse_conf
+from iox_planner.spark.server import CONNECT_TOKEN_ENV, GATE_MAX_BYTES, GATE_PATH, check_token, parse_conf
 
 CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 _BUSY = 8
@@ -105,10 +109,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--conf", action="append", default=[])
     args = parser.parse_args(argv)
     try:
+        # No server runs without its token, on any address: Spark Connect's and the gate's (one secret, as one
+        # client holds both).
         token = check_token(config.SPARK_GATE_TOKEN.read() or "")
-        # Out of the environment before the JVM starts: its Python workers must not inherit it.
         os.environ.pop(config.SPARK_GATE_TOKEN.name, None)
         conf = server_conf(args.host, args.port, parse_conf(args.conf))
+        # Spark Connect's server reads its token from the JVM's environment when its setting is unset
+        # (`Connect.getAuthenticateToken`): the JVM, started next, inherits this process's. A `--conf` would put it
+        # on the JVM's command line, which every user of the machine can read (/proc/PID/cmdline).
+        os.environ[CONNECT_TOKEN_ENV] = token
     except IoxError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -37,7 +37,7 @@ from iox_planner.catalog.store import Catalog
 
 RUN_ALL = os.environ.get("IOX_CONNECT_RUN", "") == "all"
 SAMPLE_SEED = int(os.environ.get("IOX_CONNECT_SEED", "0"))
-CONNECT_MODULE = "tests/spark_jobs/test_connect.py::"
+CONNECT_MODULES = ("tests/spark_jobs/test_connect.py::", "tests/spark_jobs/test_connect_auth.py::")
 _CONNECT_ID = re.compile(r"\[(?:.*-)?connect(?:-.*)?\]$")
 
 # tests/spark_jobs/test_query_budget.py's slow but cheap query: minutes uncancelled, a few MB, cancellable at every
@@ -61,8 +61,8 @@ def kills_the_server(test: Any) -> Any:
 
 def on_connect(nodeid: str) -> bool:
     """Whether a test reaches the Connect server, from its node id (all xdist's scheduler sees): those of
-    test_connect.py, and each case whose `runner_param` is connect."""
-    return nodeid.startswith(CONNECT_MODULE) or _CONNECT_ID.search(nodeid) is not None
+    test_connect.py and test_connect_auth.py, and each case whose `runner_param` is connect."""
+    return nodeid.startswith(CONNECT_MODULES) or _CONNECT_ID.search(nodeid) is not None
 
 
 def one_connect_worker(config: pytest.Config, log: Any) -> Any:

@@ -19,6 +19,9 @@ SPARK_CONN_ID = "spark_default"
 CONNECT_CONN_ID = "iox_spark_connect"
 GATE_PORT_EXTRA = "gate_port"
 GATE_TOKEN_EXTRA = "gate_token"
+"""Where earlier releases read the token (still read when the password is empty)."""
+USE_SSL_EXTRA = "use_ssl"
+"""The provider's own extra (`SparkConnectHook.PARAM_USE_SSL`)."""
 
 
 def spark_connection(master: str) -> str:
@@ -43,19 +46,27 @@ def uses_connect() -> bool:
     return chosen_runner() is Runner.CONNECT
 
 
-def connect_connection(host: str, port: int, gate_port: int | None = None, gate_token: str | None = None) -> str:
+def connect_connection(host: str, port: int, gate_port: int | None = None, token: str | None = None,
+                       use_ssl: bool = False) -> str:
     """`iox_spark_connect` in the JSON form Airflow reads from `AIRFLOW_CONN_IOX_SPARK_CONNECT`: the provider's
-    `spark_connect` type (host and port), the server's gate in the extra (`gate_port`, default the Connect port + 1;
-    `gate_token`, default IOX_SPARK_GATE_TOKEN; Airflow masks a field named like a token)."""
-    extra = {k: v for k, v in ((GATE_PORT_EXTRA, gate_port), (GATE_TOKEN_EXTRA, gate_token)) if v is not None}
-    return json.dumps({"conn_type": "spark_connect", "host": host, "port": port, **({"extra": extra} if extra else {})})
+    `spark_connect` type (host and port; the server's token in its password, the field the provider's form calls
+    Token and Airflow masks in logs; default IOX_SPARK_GATE_TOKEN), the gate's port in the extra (`gate_port`,
+    default the Connect port + 1), and `use_ssl` for a server reached through a TLS proxy (its CA:
+    IOX_SPARK_TLS_CA)."""
+    extra: dict[str, Any] = {GATE_PORT_EXTRA: gate_port} if gate_port is not None else {}
+    if use_ssl:
+        extra[USE_SSL_EXTRA] = True
+    return json.dumps({"conn_type": "spark_connect", "host": host, "port": port,
+                       **({"password": token} if token is not None else {}), **({"extra": extra} if extra else {})})
 
 
 def connect_remote(conn_id: str = CONNECT_CONN_ID) -> Remote:
-    """The Spark Connect server the DAGs' jobs run on: `conn_id` when it is defined (its URL as the provider's hook
-    builds it, which must be plain `sc://HOST:PORT`: a user id, token or TLS setting is refused rather than passed
-    on unread; the gate from the extra, else IOX_SPARK_GATE_PORT and IOX_SPARK_GATE_TOKEN), else the server the CLI
-    uses (`spark/server.py` `remote`: IOX_SPARK_REMOTE, or the project's own, started when it is not running)."""
+    """The Spark Connect server the DAGs' jobs run on: `conn_id` when it is defined (host and port, `sc://HOST:PORT`
+    as PySpark reads it; the server's token from its password, else the extra `gate_token` of earlier
+    releases, else IOX_SPARK_GATE_TOKEN; the gate's port from the extra, else IOX_SPARK_GATE_PORT; TLS when its
+    extra `use_ssl` is true, trusting IOX_SPARK_TLS_CA or the system's CAs; a user id is refused rather than passed
+    on unread), else the server the CLI uses (`spark/server.py` `remote`: IOX_SPARK_REMOTE, or the project's own,
+    started when it is not running). The token is read, never put in a URL or a message."""
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
@@ -70,22 +81,30 @@ def connect_remote(conn_id: str = CONNECT_CONN_ID) -> Remote:
         return remote()
     what = f"the connection {conn_id}"
     extra: dict[str, Any] = conn.extra_dejson
-    if conn.login or conn.password or extra.get(SparkConnectHook.PARAM_USE_SSL) is not None:
-        raise BadInputError(f"{what} sets a user id, a token or use_ssl, which iox-batch does not pass on to Spark "
-                            f"Connect: give its host and port only, and the server's gate token in the extra "
-                            f"{GATE_TOKEN_EXTRA!r} (or {config.SPARK_GATE_TOKEN.name})")
-    try:
-        url = hook.get_connection_url()
-    except (ValueError, AttributeError, TypeError):
-        raise BadInputError(f"{what} names no Spark Connect server: give its host and port (sc://HOST:PORT)") from None
+    if conn.login:
+        raise BadInputError(f"{what} sets a user id, which iox-batch does not pass on to Spark Connect: give its "
+                            "host and port, the server's token as its password (Token), the gate's port in the "
+                            f"extra {GATE_PORT_EXTRA!r}")
+    use_ssl = extra.get(USE_SSL_EXTRA, False)
+    if not isinstance(use_ssl, bool):
+        use_ssl = str(use_ssl).strip().lower()
+        if use_ssl not in ("true", "false"):
+            raise BadInputError(f"{what}'s extra {USE_SSL_EXTRA!r} is neither true nor false")
+        use_ssl = use_ssl == "true"
+    host = str(conn.host or "")
+    url = (host if "://" in host else f"sc://{host}") + (f":{conn.port}" if conn.port else "")
     gate_port = extra.get(GATE_PORT_EXTRA)
     if gate_port is not None and (isinstance(gate_port, bool) or not isinstance(gate_port, int)):
         gate_port = config.whole_number(str(gate_port)) or -1
-    token = extra.get(GATE_TOKEN_EXTRA) or config.SPARK_GATE_TOKEN.read() or None
+    token = conn.password or extra.get(GATE_TOKEN_EXTRA) or config.SPARK_GATE_TOKEN.read() or None
+    ca = config.SPARK_TLS_CA.read()
     return named_remote(url, gate_port or config.SPARK_GATE_PORT.read() or None,
                         str(token) if token else None, what=what,
                         gate_port_what=f"its extra {GATE_PORT_EXTRA!r} (or {config.SPARK_GATE_PORT.name})",
-                        token_what=f"its extra {GATE_TOKEN_EXTRA!r} (or {config.SPARK_GATE_TOKEN.name})")
+                        token_what=f"its password (Token) (or {config.SPARK_GATE_TOKEN.name})",
+                        tls=use_ssl, ca=str(ca) if use_ssl and ca is not None else None,
+                        tls_what=f"its extra {USE_SSL_EXTRA!r} to true (and {config.SPARK_TLS_CA.name} to the PEM "
+                                 "file of the CA that signed the proxy's certificate)")
 
 
 @contextmanager

@@ -351,10 +351,17 @@ SPARK_REMOTE = _declare(Text(
     "`.iox/spark-connect.json`)"))
 SPARK_GATE_TOKEN = _declare(Text(
     "IOX_SPARK_GATE_TOKEN",
-    "the token of the Connect server's gate endpoint (the last gate's parse): required with IOX_SPARK_REMOTE, and "
-    "the one `iox-batch spark start` gives its server when set; 32 to 512 printable ASCII characters, no spaces "
-    "(`openssl rand -hex 32`)",
-    "for the project's own server a random one, in `.iox/spark-connect.json` (mode 0600)"))
+    "the Connect server's token, one for both its ports: Spark Connect's own (`spark.connect.authenticate.token`) "
+    "and its gate endpoint's (the last gate's parse); a client without it runs nothing there. Required with "
+    "IOX_SPARK_REMOTE, and the one `iox-batch spark start` gives its server when set; 32 to 512 printable ASCII "
+    "characters, no spaces (`openssl rand -hex 32`)",
+    "for the project's own server a random one per start, in `.iox/spark-connect.json` (mode 0600)"))
+SPARK_TLS_CA = _declare(Folder(
+    "IOX_SPARK_TLS_CA",
+    "with IOX_SPARK_REMOTE: reach that server over TLS (gRPC, and HTTPS for its gate), through a TLS-terminating "
+    "proxy in front of both ports, trusting this PEM CA file (the system's bundle for a public CA). Required for a "
+    "server not on this machine, so its token never travels in clear",
+    "unset: plain, for a server on this machine only"))
 SPARK_GATE_PORT = _declare(Whole(
     "IOX_SPARK_GATE_PORT",
     "with IOX_SPARK_REMOTE: the port of that server's gate endpoint, on the same host (0: the Connect port + 1)",

@@ -65,6 +65,10 @@ def run_one(spec: dict[str, Any], dags: Path) -> dict[str, Any]:
         events = session.scalars(select(AssetEvent).where(AssetEvent.source_run_id == run.run_id,
                                                           AssetEvent.source_dag_id == run.dag_id)).all()
         out["asset_events"] = [{"asset": e.asset.name, "uri": e.asset.uri, "extra": e.extra} for e in events]
+        from airflow.models.xcom import XComModel
+
+        out["xcoms"] = [json.dumps(x.value, default=str) for x in session.scalars(select(XComModel).where(
+            XComModel.run_id == run.run_id, XComModel.dag_id == run.dag_id))]
     out["paths_after"] = {p: os.path.exists(p) for p in spec.get("paths_after", [])}
     return out
 

@@ -1,11 +1,12 @@
 """The DAGs over Spark Connect (IOX_RUNNER=connect) with real Airflow (`dag.test()`), a real Connect server and
 real Postgres: a triggered `iox_query` and an `iox_compact` run publish what spark-submit publishes, with no JVM in
 the Airflow process (JAVA_HOME points nowhere); a run past its budget is cancelled on the server and fails without
-retries; a server lost mid-job fails the run task retryably; a connection that would pass credentials on in its
-URL is refused; a materialized run and `iox_refresh` (a launcher of its own) run there too.
+retries; a server lost mid-job fails the run task retryably; a connection that would pass a user id on is
+refused; a materialized run and `iox_refresh` (a launcher of its own) run there too. The server's token is in no
+task log, XCom or run record.
 
 The server is named the way a deployment names it to Airflow: the `iox_spark_connect` connection (the provider's
-`spark_connect` type, the gate in its extra). These runs have a dag.test process of their own: a Spark Connect
+`spark_connect` type, the server's token in its password, the gate's port in its extra). These runs have a dag.test process of their own: a Spark Connect
 client switches its whole Python process to Connect mode, which the spark-submit runs of the other tests must not
 inherit."""
 
@@ -84,6 +85,12 @@ def test_iox_query_and_iox_compact_over_connect_publish_what_spark_submit_does(
     assert got == want
     assert "Spark-Submit cmd" not in compact["log"]
     assert leftovers(tmp_path) == [] and locks(catalog) == []
+    # The server's token (the connection's password) is in no task log, XCom or run record of either run.
+    token = connect_server.server.token
+    records = query_runs(catalog, dag_id="iox_query", run_id=query["run_id"])
+    for seen in (query["log"], compact["log"], *query["xcoms"], *compact["xcoms"], json.dumps(records, default=str)):
+        assert token not in seen
+    assert query["xcoms"] and compact["xcoms"]  # the check above read something
 
 
 def test_a_budget_run_out_over_connect_fails_without_retries_and_a_lost_server_is_retried(
@@ -91,11 +98,11 @@ def test_a_budget_run_out_over_connect_fails_without_retries_and_a_lost_server_i
     # One retry allowed, at once: the budget's failure must not take it, the lost server's must.
     env = {"IOX_SPARK_RETRIES": "1", "IOX_SPARK_RETRY_DELAY_S": "0"}
     slow = tmp_path / "slow.jsonl"
-    # And a connection that would pass a user id and token on in the URL: refused, its values never shown.
+    # And a connection that would pass a user id on: refused, its token never shown.
     s = connect_server.server
-    secret = "s3cret-connect-token"
+    secret = s.token
     foreign = json.dumps({"conn_type": "spark_connect", "host": s.reach(), "port": s.port, "login": "someone",
-                          "password": secret, "extra": {"gate_port": s.gate_port, "gate_token": s.token}})
+                          "password": secret, "extra": {"gate_port": s.gate_port}})
     budget, refused = connect_runner.run([
         {"dag_id": "iox_query", "conf": {"db": h2o_db, "sql": SLOW, "output": str(slow), "format": "jsonl",
                                          "timeout_s": 3}},
@@ -110,7 +117,8 @@ def test_a_budget_run_out_over_connect_fails_without_retries_and_a_lost_server_i
     assert not slow.exists()
     assert refused.get("state") == "failed" and refused["tasks"]["run[0]"] == "failed", refused.get("error")
     [run] = query_runs(catalog, dag_id="iox_query", run_id=refused["run_id"])
-    assert "sets a user id, a token or use_ssl" in run["error"] and secret not in run["error"], run["error"]
+    assert "sets a user id" in run["error"] and secret not in run["error"], run["error"]
+    assert secret not in refused["log"] and secret not in budget["log"]
     assert not (tmp_path / "no.jsonl").exists()
 
     # The server is killed while the job runs; the retry finds nothing listening, and fails the same way.

@@ -22,6 +22,8 @@ from iox_airflow.spark import connect_connection, spark_connection
 COMPOSE = ROOT / "docker-compose.yml"
 AIRFLOW = ("airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor")
 SPARK = ("spark-master", "spark-worker", "spark-connect")
+TLS = ("spark-tls-init", "spark-tls-proxy")
+TEMPLATE = ROOT / "scripts" / "spark-tls-proxy.conf.template"
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +56,9 @@ def mounts(service: dict[str, Any]) -> dict[str, str]:
 
 def test_services_and_images(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"postgres", *AIRFLOW, *SPARK}
+    assert set(services) == {"postgres", *AIRFLOW, *SPARK, *TLS}
     assert services["postgres"]["image"].startswith("postgres:")
-    images = {services[name]["image"] for name in (*AIRFLOW, *SPARK)}
+    images = {services[name]["image"] for name in (*AIRFLOW, *SPARK, "spark-tls-init")}
     assert images == {"iox-batch:local"}, "every Airflow and Spark container runs the one project image"
     dockerfile = services["airflow-scheduler"]["build"]["dockerfile_inline"]
     airflow_version = version("apache-airflow")
@@ -68,7 +70,7 @@ def test_services_and_images(compose: dict[str, Any]) -> None:
         ["airflow", "api-server"], ["airflow", "scheduler"], ["airflow", "dag-processor"]]
     init = " ".join(command_of(services["airflow-init"]))
     assert "airflow db migrate" in init and "iox-batch catalog migrate" in init
-    assert "mkdir -p /data/warehouse /data/output && chown -R airflow:root /data" in dockerfile
+    assert "mkdir -p /data/warehouse /data/output /tls && chown -R airflow:root /data /tls" in dockerfile
 
 
 def test_environment_agrees_with_the_code_and_across_services(compose: dict[str, Any]) -> None:
@@ -109,23 +111,52 @@ def test_environment_agrees_with_the_code_and_across_services(compose: dict[str,
     assert "8080:8080" in services["airflow-api-server"]["ports"]
     scheduler_conf = env_of(services["airflow-scheduler"])["IOX_SPARK_CONF"]
     assert "spark.driver.host=airflow-scheduler" in scheduler_conf
-    assert set(compose["volumes"]) == {"postgres-data", "iox-data"}
-    # The CLI in every container reaches the spark-connect service where it listens, its gate with one token that
-    # has no default; the image needs a JRE only (no code compiled at start).
+    assert set(compose["volumes"]) == {"postgres-data", "iox-data", "iox-tls"}
+    # The server listens on its container's loopback only (no --host), its gate on the port after; the CLI in
+    # every container reaches both through the TLS proxy, with one token that has no default, trusting the CA in
+    # the iox-tls volume; the image needs a JRE only (no code compiled at start).
     connect_cmd = " ".join(command_of(services["spark-connect"]))
-    assert "iox-batch spark start --host 0.0.0.0 --port 15002" in connect_cmd
+    assert "iox-batch spark start --port 15002 " in connect_cmd and "--host" not in connect_cmd
     for name in (*AIRFLOW, *SPARK):
         env = env_of(services[name])
-        assert (env["IOX_RUNNER"], env["IOX_SPARK_REMOTE"]) == ("connect", "sc://spark-connect:15002")
+        assert (env["IOX_RUNNER"], env["IOX_SPARK_REMOTE"], env["IOX_SPARK_GATE_PORT"]) == (
+            "connect", "sc://spark-connect:15443", "15444")
         assert env["IOX_SPARK_GATE_TOKEN"].startswith("${IOX_SPARK_GATE_TOKEN:?")
+        assert env["IOX_SPARK_TLS_CA"] == "/tls/ca.pem" and mounts(services[name])["/tls"] == "iox-tls"
     # The DAGs' Spark steps run on the same server (IOX_RUNNER=connect in the Airflow services), named by the
-    # connection as the code reads it: the service's host and port, its gate on the port after (the server's
-    # default when started with --port), the token from IOX_SPARK_GATE_TOKEN.
+    # connection as the code reads it: the proxy's host and port, its gate's port, TLS; the token from
+    # IOX_SPARK_GATE_TOKEN.
     for name in AIRFLOW:
         conn = json.loads(env_of(services[name])["AIRFLOW_CONN_IOX_SPARK_CONNECT"])
-        assert conn == json.loads(connect_connection("spark-connect", 15002, 15003))
+        assert conn == json.loads(connect_connection("spark-connect", 15443, 15444, use_ssl=True))
     assert "openjdk-17-jre-headless" in services["spark-connect"]["build"]["dockerfile_inline"]
     assert "-jdk" not in services["spark-connect"]["build"]["dockerfile_inline"]
+
+
+def test_the_tls_proxy_fronts_the_servers_loopback_ports_with_the_ca_clients_trust(compose: dict[str, Any]) -> None:
+    """spark-tls-proxy shares spark-connect's network (so it reaches the server's loopback ports and listens on
+    the name clients use), fills the committed template with ports that match both sides, and serves the
+    certificate spark-tls-init makes for that name, signed by the CA clients trust."""
+    services = compose["services"]
+    proxy, init = services["spark-tls-proxy"], services["spark-tls-init"]
+    assert proxy["network_mode"] == "service:spark-connect" and "ports" not in proxy
+    env = env_of(proxy)
+    placeholders = set(re.findall(r"\$\{(\w+)\}", TEMPLATE.read_text()))
+    assert placeholders and placeholders <= set(env)
+    assert mounts(proxy)["/etc/nginx/templates/spark-tls-proxy.conf.template"] == "./" + str(
+        TEMPLATE.relative_to(ROOT))
+    assert mounts(proxy)["/tls"] == "iox-tls" and mounts(init)["/tls"] == "iox-tls"
+    assert (env["IOX_PROXY_CONNECT_UPSTREAM"], env["IOX_PROXY_GATE_UPSTREAM"]) == ("127.0.0.1:15002",
+                                                                                  "127.0.0.1:15003")
+    client = env_of(services["airflow-scheduler"])
+    assert f"sc://spark-connect:{env['IOX_PROXY_CONNECT_LISTEN']}" == client["IOX_SPARK_REMOTE"]
+    assert env["IOX_PROXY_GATE_LISTEN"] == client["IOX_SPARK_GATE_PORT"]
+    made = " ".join(command_of(init))
+    assert "subjectAltName=DNS:spark-connect" in made and "-out ca.pem" in made
+    assert {PurePosixPath(env["IOX_PROXY_CERT"]).name, PurePosixPath(env["IOX_PROXY_KEY"]).name} == {
+        "proxy.pem", "proxy.key"} and "-out proxy.pem" in made and "-keyout proxy.key" in made
+    assert client["IOX_SPARK_TLS_CA"] == "/tls/" + "ca.pem"
+    assert {"condition": "service_healthy"} == proxy["depends_on"]["spark-connect"]
 
 
 def test_compose_validates_where_a_compose_cli_exists(tmp_path: Path) -> None:

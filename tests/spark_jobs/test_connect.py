@@ -297,3 +297,4 @@ def test_a_remote_that_is_not_sc_host_port_is_refused(url: str, h2o: str) -> Non
     result = run_cli("query", "--db", h2o, "SELECT 1", env={"IOX_RUNNER": "connect", "IOX_SPARK_REMOTE": url})
     assert result.returncode == 2
     assert_one_paragraph_error(result, "IOX_SPARK_REMOTE", "sc://HOST:PORT")
+    assert "token=x" not in result.stderr  # a token in the URL is never repeated

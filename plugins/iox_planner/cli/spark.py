@@ -12,8 +12,11 @@ def add_parser(sub: Any, commands: dict[str, Any]) -> None:
     spark_sub = spark.add_subparsers(dest="spark_command", required=True, metavar="ACTION")
     start = spark_sub.add_parser("start", help="start it (or keep the one running) and wait until it answers")
     start.add_argument("--port", type=int, help="port to listen on (default: a free one, recorded in .iox/)")
-    start.add_argument("--host", default="127.0.0.1",
-                       help="address to bind (default 127.0.0.1: only this machine reaches it)")
+    start.add_argument("--host", help="address to bind (default 127.0.0.1: only this machine reaches it; any "
+                                      "other needs --behind-tls-proxy)")
+    start.add_argument("--behind-tls-proxy", action="store_true",
+                       help="with a --host beyond loopback: a TLS-terminating proxy fronts both ports, and clients "
+                            "elsewhere reach the server only through it (README: Spark Connect beyond one machine)")
     start.add_argument("--conf", action="append", default=[], metavar="spark.KEY=VALUE",
                        help="a Spark setting of the server, e.g. spark.driver.memory=4g (repeatable)")
     start.set_defaults(func=commands["start"])
@@ -25,13 +28,22 @@ def add_parser(sub: Any, commands: dict[str, Any]) -> None:
 
 def start(args: argparse.Namespace, console: Any) -> int:
     from iox_planner.errors import BadInputError
-    from iox_planner.spark.server import parse_conf, start as start_server
+    from iox_planner.spark.server import check_ports, is_loopback, parse_conf, start as start_server
 
-    if args.port is not None and not 1 <= args.port <= 65535:
-        raise BadInputError(f"--port {args.port} is not a port; give one from 1 to 65535")
+    check_ports(args.port)
+    exposed = args.host is not None and not is_loopback(args.host)
+    if exposed and not args.behind_tls_proxy:
+        raise BadInputError(f"--host {args.host} binds the Spark Connect server and its gate beyond this machine, "
+                            "where its token would travel in clear (and PySpark sends a token to another host over "
+                            "TLS only). Put a TLS-terminating proxy in front of both ports and say so with "
+                            "--behind-tls-proxy (README: Spark Connect beyond one machine), or bind 127.0.0.1 and "
+                            "run the proxy on this machine")
     server = start_server(args.port, args.host, parse_conf(args.conf))
     console.print(f"Spark Connect server running at {server.url()} (gate port {server.gate_port}, pid {server.pid}, "
-                  f"bound to {server.host}, log {server.log_file})")
+                  f"bound to {server.host}, log {server.log_file}); clients need its token (.iox/spark-connect.json)")
+    if not is_loopback(server.host):
+        console.print(f"warning: ports {server.port} and {server.gate_port} listen beyond this machine without TLS; "
+                      "only the TLS proxy in front of them should be reachable by clients elsewhere")
     return 0
 
 

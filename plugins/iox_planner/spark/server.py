@@ -1,19 +1,23 @@
 """The project's own Spark Connect server, managed as its local Postgres is (`catalog/localpg.py`): started by
 `iox-batch spark start` or on demand by the `connect` runner, reused while it answers, found through a state file
-(`.iox/spark-connect.json`, mode 0600: pid, address, ports, log, the gate's token), stopped by `iox-batch spark
-stop`. A file lock stops two starts racing; a state file whose process is gone (or is no longer this server) is
-stale and replaced.
+(`.iox/spark-connect.json`, mode 0600: pid, address, ports, settings, log, the server's token), stopped by
+`iox-batch spark stop`. A file lock stops two starts racing; a state file whose process is gone (or is no longer
+this server) is stale and replaced.
 
 The server is one Python process (`spark_jobs/connect_server.py`): a SparkSession whose JVM runs Spark's Connect
-plugin, and beside it the last gate's parse endpoint, which answers only with this token. It runs in its own process
-group (a stop reaches its JVM and Python workers), bound to 127.0.0.1 unless told otherwise, its workers in this
-virtualenv (`conf.spark_env`), with the settings of every iox-batch session (`conf.session_conf`). Another
-server (IOX_SPARK_REMOTE) is one started the same way elsewhere: its gate's port and token come from
-IOX_SPARK_GATE_PORT and IOX_SPARK_GATE_TOKEN. Part of the Spark seam: imports no pyspark.
+plugin, and beside it the last gate's parse endpoint. One token per server guards both: Spark Connect's own
+pre-shared token (`spark.connect.authenticate.token`, read by the JVM from its environment) and the gate's bearer
+token, so no client without it runs anything there. It runs in its own process group (a stop reaches its JVM and
+Python workers), bound to 127.0.0.1 unless told otherwise, its workers in this virtualenv (`conf.spark_env`), with
+the settings of every iox-batch session (`conf.session_conf`). Another server (IOX_SPARK_REMOTE) is one started the
+same way elsewhere: its gate's port and the token come from IOX_SPARK_GATE_PORT and IOX_SPARK_GATE_TOKEN, and one
+not on this machine is reached over TLS only (IOX_SPARK_TLS_CA: a TLS-terminating proxy in front of both ports, so
+the token never travels in clear). Part of the Spark seam: imports no pyspark.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -23,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -37,6 +41,10 @@ from iox_planner.spark.conf import spark_env
 REMOTE_ENV = config.SPARK_REMOTE.name
 GATE_PORT_ENV = config.SPARK_GATE_PORT.name
 GATE_TOKEN_ENV = config.SPARK_GATE_TOKEN.name
+TLS_CA_ENV = config.SPARK_TLS_CA.name
+CONNECT_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
+"""Where Spark Connect's server reads its pre-shared token when `spark.connect.authenticate.token` is not set
+(`Connect.getAuthenticateToken`), and where its Python client looks for one: the environment, never a command line."""
 SERVER_MODULE = "spark_jobs.connect_server"
 GATE_PATH = "/parse"
 GATE_MAX_BYTES = 4 * 1_048_576
@@ -48,8 +56,12 @@ START_TIMEOUT_S = 180
 STOP_GRACE_S = 15
 """After SIGTERM (the JVM's shutdown hooks remove Spark's temporary folders), how long before SIGKILL."""
 _MIN_TOKEN = 32
-_CLIENT_MODE = frozenset({"SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"})
-"""What PySpark sets in the environment of a process that opened a Spark Connect session."""
+_CLIENT_MODE = frozenset({"SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE", CONNECT_TOKEN_ENV})
+"""What PySpark sets in the environment of a process that opened a Spark Connect session (and its token)."""
+_SERVER_ONLY = ("spark.connect.authenticate.", "spark.connect.grpc.binding.", "spark.connect.grpc.interceptor.")
+"""`--conf` keys the server sets itself: its token (a `--conf` would put it on the JVM's command line, readable by
+every user of the machine, and replace the server's own), where it listens, who may call it."""
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 _REMOTE = re.compile(r"sc://(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):"
                      r"(?P<port>[0-9]{1,5})/?")
@@ -63,6 +75,11 @@ class ConnectServer:
     gate_port: int
     token: str
     log_file: str
+    conf: dict[str, str] = field(default_factory=dict)
+    """The `--conf` settings it was started with (a second start with others is refused, `start`)."""
+
+    def __repr__(self) -> str:  # never the token, in a traceback or a log
+        return f"ConnectServer(pid {self.pid}, {self.host}:{self.port}, gate port {self.gate_port})"
 
     def reach(self) -> str:
         """The address a client on this machine uses (a server bound to every address answers on loopback)."""
@@ -77,15 +94,29 @@ class ConnectServer:
 
 @dataclass(frozen=True)
 class Remote:
-    """Where a `connect` session goes: the Spark Connect address, and the gate's host, port and token."""
+    """Where a `connect` session goes: the Spark Connect address, the gate's host and port, the server's token
+    (Connect's and the gate's), and whether both are reached over TLS (`tls`, trusting the CA bundle `ca`, or the
+    system's when None): required for a server not on this machine."""
 
     url: str
     gate_host: str
     gate_port: int
     token: str
+    tls: bool = False
+    ca: str | None = None
 
     def __repr__(self) -> str:  # never the token, in a traceback or a log
-        return f"Remote({self.url!r}, gate {self.gate_host}:{self.gate_port})"
+        return f"Remote({self.url!r}, gate {self.gate_host}:{self.gate_port}{', TLS' if self.tls else ''})"
+
+
+def is_loopback(host: str) -> bool:
+    """`host` names this machine's loopback (a name or address); anything else is reached over a network."""
+    if host.strip("[]").lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def check_remote(url: str, what: str = REMOTE_ENV) -> tuple[str, int]:
@@ -94,7 +125,9 @@ def check_remote(url: str, what: str = REMOTE_ENV) -> tuple[str, int]:
     user id) from the URL, which are a deployment's business, not a setting to pass through unread."""
     found = _REMOTE.fullmatch(url.strip())
     if found is None or not 1 <= int(found.group("port")) <= 65535:
-        raise BadInputError(f"{what}={url[:80]!r} is not a Spark Connect address; give sc://HOST:PORT (for example "
+        # Shown up to its first `;`: what follows may be a token (`;token=...`), never repeated in a message.
+        raise BadInputError(f"{what}={url.split(';')[0][:80]!r} is not a Spark Connect address; give sc://HOST:PORT "
+                            "and nothing after it (a token goes in IOX_SPARK_GATE_TOKEN; for example "
                             "sc://127.0.0.1:15002), or unset it to use the project's own server (iox-batch spark "
                             "start)")
     return found.group("host"), int(found.group("port"))
@@ -103,37 +136,50 @@ def check_remote(url: str, what: str = REMOTE_ENV) -> tuple[str, int]:
 def check_token(token: str, what: str = GATE_TOKEN_ENV) -> str:
     """`token` if it is at least 32 printable ASCII characters without spaces (it travels in an HTTP header)."""
     if len(token) < _MIN_TOKEN or len(token) > 512 or not all(33 <= ord(c) < 127 for c in token):
-        raise BadInputError(f"{what} is not a usable gate token; set {_MIN_TOKEN} or more printable ASCII characters "
-                            "without spaces (for example the output of `openssl rand -hex 32`), the same for the "
-                            "server and its clients")
+        raise BadInputError(f"{what} is not a usable token for the Spark Connect server; set {_MIN_TOKEN} or more "
+                            "printable ASCII characters without spaces (for example the output of `openssl rand "
+                            "-hex 32`), the same for the server and its clients")
     return token
 
 
 def remote() -> Remote:
     """IOX_SPARK_REMOTE (its gate on the same host, IOX_SPARK_GATE_PORT or the Connect port + 1, with
-    IOX_SPARK_GATE_TOKEN), else the project's own server (started on demand and reused)."""
+    IOX_SPARK_GATE_TOKEN; over TLS when IOX_SPARK_TLS_CA is set), else the project's own server (started on demand
+    and reused)."""
     env = config.SPARK_REMOTE.read()
     if not env:
         return ensure_running().remote()
-    return named_remote(env, config.SPARK_GATE_PORT.read() or None, config.SPARK_GATE_TOKEN.read() or None)
+    ca = config.SPARK_TLS_CA.read()
+    return named_remote(env, config.SPARK_GATE_PORT.read() or None, config.SPARK_GATE_TOKEN.read() or None,
+                        tls=ca is not None, ca=str(ca) if ca is not None else None)
 
 
 def named_remote(url: str, gate_port: int | None, token: str | None, what: str = REMOTE_ENV,
-                 gate_port_what: str = GATE_PORT_ENV, token_what: str = GATE_TOKEN_ENV) -> Remote:
-    """A server named by its address (`url`, `check_remote`), its gate's port (None: the Connect port + 1) and
-    token (required), each checked; `what` and the other two name where each came from (a setting, a connection's
-    field) in the error."""
+                 gate_port_what: str = GATE_PORT_ENV, token_what: str = GATE_TOKEN_ENV, tls: bool = False,
+                 ca: str | None = None,
+                 tls_what: str = f"{TLS_CA_ENV} to the PEM file of the CA that signed its certificate") -> Remote:
+    """A server named by its address (`url`, `check_remote`), its gate's port (None: the Connect port + 1), the
+    server's token (required) and whether it is reached over TLS (`tls`, trusting `ca` or the system's CAs), each
+    checked; `what` and the others name where each came from (a setting, a connection's field) in the error. A
+    server not on this machine is refused without TLS: the token would travel in clear."""
     host, port = check_remote(url, what)
     if not token:
-        raise BadInputError(f"{what} names a Spark Connect server but {token_what} is not set: the last gate "
-                            "reads each query with that server's parser through its gate endpoint, which answers "
-                            "only with the token its server was started with; set it, or unset "
+        raise BadInputError(f"{what} names a Spark Connect server but {token_what} is not set: the server runs "
+                            "nothing for a client without the token it was started with (Spark Connect's and its "
+                            "gate's); set it, or unset "
                             f"{what} to use the project's own server")
     gate = gate_port or port + 1
     if not 1 <= gate <= 65_535:
         raise BadInputError(f"{what} uses port {port}, so its gate's port ({gate}) is not a port; set "
                             f"{gate_port_what}")
-    return Remote(f"sc://{host}:{port}", host.strip("[]"), gate, check_token(token, token_what))
+    if not tls and not is_loopback(host):
+        raise BadInputError(f"{what} names {host}, not this machine, without TLS: the server's token would travel "
+                            "in clear. Put a TLS-terminating proxy in front of its Connect and gate ports (README: "
+                            f"Spark Connect beyond one machine) and set {tls_what}")
+    if ca is not None and not os.path.isfile(ca):
+        raise BadInputError(f"{TLS_CA_ENV}={ca[:200]!r} is not a file; give the PEM file of the CA that signed "
+                            "the TLS proxy's certificate")
+    return Remote(f"sc://{host}:{port}", host.strip("[]"), gate, check_token(token, token_what), tls, ca)
 
 
 # --- state -----------------------------------------------------------------------------------------------------
@@ -207,18 +253,28 @@ def ensure_running() -> ConnectServer:
     return start()
 
 
-def start(port: int | None = None, host: str = "127.0.0.1", conf: Mapping[str, str] | None = None) -> ConnectServer:
-    """Start the project's Spark Connect server, or return the one already running (idempotent: `port`, `host` and
-    `conf` apply to a new start only). A stale record (its process gone) is replaced. Waits until it answers.
-    The gate's token is IOX_SPARK_GATE_TOKEN when set (a deployment whose clients are elsewhere shares it), else
-    a new random one, known only through the state file."""
+def check_ports(port: int | None, what: str = "--port") -> None:
+    """`port` (None: a free one) is a port whose gate's port, the next one, is a port too."""
+    if port is not None and not 1 <= port <= 65_534:
+        raise BadInputError(f"{what} {port} cannot be the Connect port: the server's gate listens on the port after "
+                            "it, so give one from 1 to 65534 (or none for a free one)")
+
+
+def start(port: int | None = None, host: str | None = None, conf: Mapping[str, str] | None = None) -> ConnectServer:
+    """Start the project's Spark Connect server, or return the one already running when it matches what is asked:
+    `port`, `host` and `conf` (None: not asked, whatever the running one has) that differ from the running server's
+    are refused (it would not be what was asked for; stop it first). A stale record (its process gone) is replaced.
+    Waits until it answers. Its token is IOX_SPARK_GATE_TOKEN when set (a deployment whose clients are elsewhere
+    shares it), else a new random one, known only through the state file."""
+    check_ports(port)
     with _lock():
         server, state = status()
         if server is not None and state in ("running", "starting"):
+            _check_same(server, port, host, conf)
             return _wait(server, None)
         _state_file().unlink(missing_ok=True)
         token = config.SPARK_GATE_TOKEN.read()
-        server, proc = launch(state_dir() / "spark-connect.log", port, host, conf,
+        server, proc = launch(state_dir() / "spark-connect.log", port, host or "127.0.0.1", conf,
                               token=check_token(token) if token else None)
         _record(server)
         try:
@@ -229,23 +285,45 @@ def start(port: int | None = None, host: str = "127.0.0.1", conf: Mapping[str, s
             raise
 
 
+def _check_same(server: ConnectServer, port: int | None, host: str | None, conf: Mapping[str, str] | None) -> None:
+    """A start that asks for nothing, or for what `server` has, keeps it; one asking for another port, bind address
+    or settings is refused rather than silently given the running server."""
+    differ = []
+    if port is not None and port != server.port:
+        differ.append(f"--port {port} (it listens on {server.port})")
+    if host is not None and host != server.host:
+        differ.append(f"--host {host} (it is bound to {server.host})")
+    if conf and dict(conf) != server.conf:
+        differ.append(f"--conf {_shown_conf(conf)} (it has {_shown_conf(server.conf)})")
+    if differ:
+        raise BadInputError(f"a Spark Connect server is already running (pid {server.pid}) and this start asks for "
+                            f"another: {'; '.join(differ)}. It is kept as it is; to run one with these options, "
+                            "stop it first (`iox-batch spark stop`), then start it again")
+
+
+def _shown_conf(conf: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(conf.items()))[:300] or "none"
+
+
 def launch(log: Path, port: int | None = None, host: str = "127.0.0.1", conf: Mapping[str, str] | None = None,
            token: str | None = None) -> tuple[ConnectServer, subprocess.Popen[bytes]]:
     """Start a Connect server process in a process group of its own, its output appended to `log`; nothing
     recorded, not waited for (`start` does both; a test starts a private server it may kill with this). The gate
     listens on `port` + 1 when `port` is given (what IOX_SPARK_GATE_PORT defaults to), else on a free port."""
+    check_ports(port)
     chosen = port or _free_port(host)
     gate_port = chosen + 1 if port else _free_port(host, avoid=chosen)
     token = token or secrets.token_hex(32)
-    # The token reaches the server in its environment (a command line is readable by every user of the machine);
-    # the server takes it out before its JVM starts. A process that is itself a Connect client (PySpark marks it in
-    # its environment) does not pass that on: the server's own session would try to be a client too.
+    # The token reaches the server in its environment (a command line is readable by every user of the machine;
+    # an environment by this user only, as the state file); the server hands it to its JVM the same way. A process
+    # that is itself a Connect client (PySpark marks it in its environment) does not pass that on: the server's own
+    # session would try to be a client too.
     env = {**{k: v for k, v in os.environ.items() if k not in _CLIENT_MODE}, **spark_env(), GATE_TOKEN_ENV: token}
     with open(log, "ab") as sink:
         proc = subprocess.Popen(server_command(chosen, gate_port, host, conf), stdin=subprocess.DEVNULL,
                                 stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=str(log.parent),
                                 start_new_session=True)
-    return ConnectServer(proc.pid, host, chosen, gate_port, token, str(log)), proc
+    return ConnectServer(proc.pid, host, chosen, gate_port, token, str(log), dict(conf or {})), proc
 
 
 def wait_until_up(server: ConnectServer, proc: subprocess.Popen[bytes]) -> ConnectServer:
@@ -335,5 +413,9 @@ def parse_conf(items: Sequence[str]) -> dict[str, str]:
         if not sep or not key.strip().startswith("spark."):
             raise BadInputError(f"--conf {item[:80]!r} is not a Spark setting; give spark.KEY=VALUE (for example "
                                 "--conf spark.driver.memory=4g)")
+        if key.strip().startswith(_SERVER_ONLY):
+            raise BadInputError(f"--conf {key.strip()[:80]} is set by iox-batch itself: the server's token (from "
+                                f"{GATE_TOKEN_ENV} or a random one, in the environment, never on a command line), "
+                                "its address (--host, --port) and who may call it; leave it out")
         out[key.strip()] = value.strip()
     return out
