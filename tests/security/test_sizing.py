@@ -97,7 +97,7 @@ REFUSED = [
     ("SELECT split(city, '(x+x+)+y') AS s FROM h2o", "nested quantifiers"),
     ("SELECT str_to_map(city, ',', '(?=a)') AS m FROM h2o", "lookaround"),
     ("SELECT regexp_extract(city, :p, 0) AS r FROM h2o", "must be one string literal"),
-    ("SELECT sequence(time, time) AS s FROM h2o", "takes integers"),
+    ("SELECT sequence(CAST(area AS DOUBLE), 5) AS s FROM h2o", "takes integers"),
 ]
 
 

@@ -9,9 +9,9 @@ array, so a random or costly size is not computed twice), keeps its type, and a 
     repeat(city, n)  ->  repeat(city, element_at(transform(array(n), __iox_n -> CASE WHEN __iox_n IS NULL OR
                          __iox_n BETWEEN -L AND L THEN __iox_n ELSE raise_error('...') END), 1))
 
-`sequence(a, b[, s])` is guarded on its count, from its bounds as one struct: `(b - a) / s` for integers, the days
-between for dates with the default step; a sequence from the data of any other type is refused (cast the bounds
-to BIGINT). The gate lets `raise_error` through only with the guard's own message (`GUARD_MARKER`), and
+`sequence(a, b[, s])` is guarded on its count, from its bounds as one struct: `(b - a) / s` for integers, the
+microseconds between over the step's for dates and timestamps (constant ones too: Spark builds those while it
+plans, where the guard stops it just the same); a sequence of any other type is refused. The gate lets `raise_error` through only with the guard's own message (`GUARD_MARKER`), and
 `spark_jobs/errors.py` reports it as a bad query.
 """
 
@@ -42,6 +42,8 @@ GUARD_MARKER = "iox-batch guard: "
 _VALUE = "__iox_n"
 _BOUNDS = "__iox_q"
 _INTEGRAL = {exp.DataType.Type.TINYINT, exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT}
+_TEMPORAL = {exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPLTZ,
+             exp.DataType.Type.TIMESTAMPNTZ, exp.DataType.Type.TIMESTAMPTZ, exp.DataType.Type.DATETIME}
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,8 @@ def guard_sizes(statement: exp.Query, source: Source, qualified: exp.Query, tabl
         if arguments is None:
             continue
         if name == "sequence":
-            if len(arguments) < 2 or all(not reads_a_column(a) for a in arguments):
-                continue  # constant: counted when planning
+            if len(arguments) < 2 or all(constant(arguments, i) is not None for i in range(len(arguments))):
+                continue  # whole numbers: counted when planning
             if types is None:
                 types = _sequence_types(qualified, tables)
             edits.extend(_sequence_guard(source, node, arguments, types.get(node.meta[CALL]), limits))
@@ -119,13 +121,18 @@ def _sequence_guard(source: Source, node: exp.Func, arguments: list[list[Token]]
     if len(kinds) >= 2 and all(k in _INTEGRAL for k in kinds):
         width = f"abs(CAST({q}.b AS DECIMAL(38, 0)) - CAST({q}.a AS DECIMAL(38, 0)))"
         per = f"greatest(abs(CAST({q}.s AS DECIMAL(38, 0))), 1)" if step else "1"
-        within = f"{width} < {bound} * {per}"
-    elif len(kinds) == 2 and all(k is exp.DataType.Type.DATE for k in kinds):
-        within = f"abs(datediff({q}.b, {q}.a)) < {bound}"
+    elif len(kinds) >= 2 and all(k in _TEMPORAL for k in kinds[:2]):
+        # microseconds apart over the step's (a month's step counts from January 1970: 31 days, within 10% of
+        # any month's); Spark's default step for dates and timestamps is one day
+        width = (f"abs(CAST(unix_micros(CAST({q}.b AS TIMESTAMP)) AS DECIMAL(38, 0)) - "
+                 f"CAST(unix_micros(CAST({q}.a AS TIMESTAMP)) AS DECIMAL(38, 0)))")
+        per = (f"greatest(abs(CAST(unix_micros(timestamp_micros(0) + {q}.s) AS DECIMAL(38, 0))), 1)" if step
+               else "86400000000")
     else:
-        raise UnsupportedError("sequence(...) with bounds computed from the data takes integers (cast them: "
-                               "CAST(x AS BIGINT)) or two dates with the default step of one day; other sequences "
-                               "need constant bounds, whose size iox-batch checks before running")
+        raise UnsupportedError("sequence(...) with bounds iox-batch cannot count before running takes integers "
+                               "(cast them: CAST(x AS BIGINT)), dates or timestamps; write the bounds as numbers or "
+                               "cast them")
+    within = f"{width} < {bound} * {per}"
     tokens = source.tokens
     first = source.token_index(node.meta[CALL][0])
     assert first is not None
