@@ -440,8 +440,8 @@ MAX_SQL_LIST = _declare(Whole(
     1_000_000))
 MAX_SQL_ALLOC = _declare(Whole(
     "IOX_MAX_SQL_ALLOC",
-    "what one call may build where its size is a constant of the query (`repeat`, `lpad`, `sequence`, format "
-    "widths...)",
+    "what one call may build in one value (`repeat`, `lpad`, `sequence`, format widths, sketch sizes...): checked "
+    "when planning where the size is a constant, by a guard at run time where it comes from the data",
     16_777_216,
     1024,
     2**31 - 1))

@@ -283,3 +283,15 @@ def test_the_gate_reads_guards_patterns_and_hints_as_spark_does(spark: Any) -> N
         with pytest.raises((UnsupportedError, BadQueryError)) as caught:
             gate(text)
         assert needle in str(caught.value), (text, str(caught.value))
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(not os.environ.get("IOX_SIZING_FULL"), reason="a CLI process with its own JVM: IOX_SIZING_FULL=1")
+def test_the_cli_exits_2_with_one_paragraph_at_a_guard(h2o_db: str) -> None:
+    from common_support import assert_one_paragraph_error, run_cli
+
+    result = run_cli("query", "--db", h2o_db, "--timeout", "120", "--format", "jsonl",
+                     "SELECT max(size(array_insert(array(1), CAST(area AS INT) * 1000000, 2))) AS n FROM h2o",
+                     env={"IOX_RUNNER": "in-process"})
+    assert_one_paragraph_error(result, "size guard: array_insert(...)", "IOX_MAX_SQL_ALLOC")
+    assert result.returncode == 2, result.stderr
