@@ -19,7 +19,7 @@ from typing import Any, Collection, Iterator
 from iox_planner.errors import BadQueryError, UnsupportedError
 from iox_planner.planner.functions import ALLOWED, CONTEXT_WORDS, GENERATORS, HINTS, PARTITION_HINTS, REFUSED, SYNTAX
 from iox_planner.planner.limits import SqlLimits, partitions_error
-from iox_planner.planner.regex import REGEX_ARGUMENTS, pattern_problem
+from iox_planner.planner.regex import REGEX_ARGUMENTS, like_problem, pattern_problem
 from iox_planner.planner.sql.guards import GUARD_MARKER
 
 _LOGICAL = "org.apache.spark.sql.catalyst.plans.logical."
@@ -116,6 +116,11 @@ def _check_arguments(tree: Any) -> set[int]:
             for position in REGEX_ARGUMENTS.get(name, (1,)):
                 if position < len(children):
                     _check_pattern(name or "RLIKE", _string_literal(children[position][0]))
+        elif kind in (_EXPRESSIONS + "Like", _EXPRESSIONS + "ILike") and len(children) == 2:
+            pattern = _string_literal(children[1][0])
+            why = None if pattern is None else like_problem(pattern, str(node.get("escapeChar") or "\\")[:1])
+            if why is not None:
+                raise UnsupportedError(f"the LIKE pattern {str(pattern)[:80]!r}, as Spark reads it, is refused: {why}")
         elif kind == _LOGICAL + "UnresolvedHint" and str(node.get("name", "")).lower() in PARTITION_HINTS:
             for parameter in node.get("parameters") or []:
                 for item in parameter if isinstance(parameter, list) else []:

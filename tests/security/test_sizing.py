@@ -98,6 +98,8 @@ REFUSED = [
     ("SELECT str_to_map(city, ',', '(?=a)') AS m FROM h2o", "lookaround"),
     ("SELECT regexp_extract(city, :p, 0) AS r FROM h2o", "must be one string literal"),
     ("SELECT sequence(CAST(area AS DOUBLE), 5) AS s FROM h2o", "takes integers"),
+    ("SELECT city FROM h2o WHERE city LIKE '%a%a%a%b'", "LIKE pattern"),
+    ("SELECT city FROM h2o WHERE city NOT ILIKE '%a%b%c%d' ESCAPE '!'", "LIKE pattern"),
 ]
 
 
@@ -128,6 +130,7 @@ EVERYDAY = [
     "AS k, approx_top_k(city, 5, 10000) AS a FROM h2o",
     "SELECT format_string('%-10s|%5.1f', city, max_temp) AS s, format_number(max_temp, '#,###.#') AS f FROM h2o",
     "SELECT sequence(1, 10) AS s, repeat(city, 3) AS r, lpad(city, 10, '*') AS p FROM h2o",
+    "SELECT city FROM h2o WHERE city LIKE '%foo%bar%' OR city ILIKE 'b_s%' OR city RLIKE '.*foo.*bar.*'",
 ]
 
 
@@ -144,13 +147,14 @@ def test_the_hint_limit_is_a_setting(h2o_source: Any, monkeypatch: pytest.Monkey
     assert "over the limit of 10" in refusal("SELECT /*+ REPARTITION(11) */ count(*) AS c FROM h2o", h2o_source)
 
 
-CATASTROPHIC = [r"(.*,){11}P", r"(a+)+$", r"(a*)*b", r"(a|aa)+$", r"(a|a?)+", r"(\w+\s?)+$", r"(x+x+)+y",
+CATASTROPHIC = [r"\w*\w*\w*\s", r".*a.*b.*$", r"(.*a.*b.*)",
+                r"(.*,){11}P", r"(a+)+$", r"(a*)*b", r"(a|aa)+$", r"(a|a?)+", r"(\w+\s?)+$", r"(x+x+)+y",
                 r"^(([a-z])+.)+[A-Z]([a-z])+$", r"(\d+)*$", r"(a?){30}a{30}", r"(.*,)(.*,)(.*,)P", r".*a.*a.*b",
                 r"(\w|\d)+$", r"(a)\1", r"(?<n>a)\k<n>", r"(?=a)b", r"(?<!a)b", r"(?x) (a+)+", r"[]a]",
                 r"a{1,100000}", r"(?i)(a|A)+", "(.*){1,32000}[bc]", r"^(\w+\s?)*$", r"(([a-z])+.)+[A-Z]([a-z])+$",
                 r"^([a-zA-Z0-9])(([\-.]|[_]+)?([a-zA-Z0-9]+))*(@){1}[a-z0-9]+[.]{1}(([a-z]{2,3})|([a-z]{2,3}[.]{1}"
                 r"[a-z]{2,3}))$", "x" * 1001, r"\Q(a+)+\E(a+)+", r"(", r"a{"]
-SAFE = [r"^cpu[0-9]+$", r"host_(a|b)", r".*foo.*", r"[a-z]+@[a-z]+\.com", r"^\w+\s+\w+\s+\w+$",
+SAFE = [r".*foo.*bar.*", r"^cpu[0-9]+$", r"host_(a|b)", r".*foo.*", r"[a-z]+@[a-z]+\.com", r"^\w+\s+\w+\s+\w+$",
         r"^[0-9]{1,3}(\.[0-9]{1,3}){3}$", r"(?i)^cpu", r"\Q(a+)+\E", r"[\w.-]+", r"^(?:us|eu)-[a-z]+-\d+$",
         r"\p{L}+", r"[^,]+", r"\d{4}-\d{2}-\d{2}", r"(https?://)?[a-z.]+", r"[a-z[0-9]]+", r"(a|b)*c", r"\bword\b",
         r"x*+y", r".*?foo", ",", ":"]
@@ -271,7 +275,7 @@ def test_the_gate_reads_guards_patterns_and_hints_as_spark_does(spark: Any) -> N
         check_query_text(spark, text, ["__iox_scan_0"], ["city"])
 
     gate(f"SELECT raise_error('{GUARD_MARKER}x') FROM __iox_scan_0")
-    gate("SELECT /*+ REPARTITION(8) */ city FROM __iox_scan_0 WHERE city RLIKE '^B[a-z]+$'")
+    gate("SELECT /*+ REPARTITION(8) */ city FROM __iox_scan_0 WHERE city RLIKE '^B[a-z]+$' AND city LIKE '%B%d%'")
     for text, needle in [
         ("SELECT raise_error('boom') FROM __iox_scan_0", "raise_error"),
         ("SELECT raise_error(concat('" + GUARD_MARKER + "', city)) FROM __iox_scan_0", "raise_error"),
@@ -279,6 +283,7 @@ def test_the_gate_reads_guards_patterns_and_hints_as_spark_does(spark: Any) -> N
         ("SELECT city FROM __iox_scan_0 WHERE city RLIKE '(.*,){11}P'", "nested quantifiers"),
         ("SELECT city FROM __iox_scan_0 WHERE regexp_like(city, concat('a', city))", "one string literal"),
         ("SELECT split(city, '(x+x+)+y') FROM __iox_scan_0", "nested quantifiers"),
+        ("SELECT city FROM __iox_scan_0 WHERE city LIKE '%a%a%a%b'", "LIKE pattern"),
     ]:
         with pytest.raises((UnsupportedError, BadQueryError)) as caught:
             gate(text)

@@ -10,8 +10,8 @@ well enough to be safe and refuses whatever it does not understand:
   quantifier, unless both are small counted repetitions; no repeated alternation whose branches can start alike
   (`(a|ab)*`);
 - at most `MAX_OVERLAPPING` unbounded quantifiers in a row that can match the same character without a required
-  character between them that they cannot (`.*a.*a.*b` is refused, `.*foo.*` and `\\w+\\s+\\w+\\s+\\w+` pass):
-  each one more multiplies the backtracking by the value's length.
+  character between them that they cannot, one at the pattern's very end not counted (`.*a.*a.*b` is refused,
+  `.*foo.*bar.*` and `\\w+\\s+\\w+\\s+\\w+` pass): each one more multiplies the backtracking by the value's length.
 Possessive and lazy quantifiers and atomic groups are read like greedy ones (they backtrack less, never more).
 """
 
@@ -31,8 +31,8 @@ REGEX_ARGUMENTS: dict[str, tuple[int, ...]] = {
     "str_to_map": (1, 2),
 }
 """Allowed functions whose argument at these 0-based positions Spark compiles as a Java regular expression (Spark's
-documentation of each; `str_to_map`'s two delimiters are regexes). `like`/`ilike` take LIKE patterns, which Spark
-translates with every character but `%` and `_` quoted, and are not listed."""
+documentation of each; `str_to_map`'s two delimiters are regexes). A literal LIKE/ILIKE pattern, which Spark may run
+as a regular expression too, is checked by `like_problem`; one computed from the data is left to Spark."""
 
 # Character sets, coarsely: a frozenset of code points below 128, plus whether other characters may match.
 _ALL = frozenset(range(128))
@@ -99,10 +99,29 @@ def pattern_problem(pattern: str) -> str | None:
     return None
 
 
+def like_problem(pattern: str, escape: str = "\\") -> str | None:
+    """Why a LIKE pattern could backtrack for ever, or None: Spark runs a LIKE that is not a plain prefix, suffix or
+    substring as a Java regular expression, `%` as `.*` and `_` as `.`, so `%a%a%a%b` is `.*a.*a.*a.*b`."""
+    parts: list[str] = []
+    chars = iter(pattern)
+    for ch in chars:
+        if ch == escape:
+            ch = next(chars, "")
+            parts.append(ch if ch.isalnum() or not ch.isascii() else "\\" + ch)
+        elif ch == "%":
+            parts.append(".*")
+        elif ch == "_":
+            parts.append(".")
+        else:
+            parts.append(ch if ch.isalnum() or not ch.isascii() else "\\" + ch)
+    return pattern_problem("".join(parts))
+
+
 class _Parser:
     def __init__(self, pattern: str) -> None:
         self.text = pattern
         self.at = 0
+        self.depth = 0
         self.fold = False
 
     def parse(self) -> _Node:
@@ -134,10 +153,13 @@ class _Parser:
     def _sequence(self) -> _Node:
         node = _Node(nullable=True)
         chain: list[_Set] = []
+        over = 0
         while self._peek() not in ("", "|", ")"):
             item = self._quantified()
             if item is None:
                 continue
+            if over:
+                raise _overlapping(over)
             node.items.append(item)
             node.chars |= item.chars
             if node.nullable:
@@ -147,6 +169,11 @@ class _Parser:
             node.unbounded |= item.unbounded
             node.counted = max(node.counted, item.counted)
             chain = self._chain(chain, item)
+            over = len(chain) if len(chain) > MAX_OVERLAPPING else 0
+        if over and self.depth:
+            raise _overlapping(over)
+        # At the pattern's very end an unbounded repetition has nothing after it that could fail and make the ones
+        # before it try again (Spark finds a match: `find`), so it adds no backtracking: `.*a.*` passes.
         return node
 
     @staticmethod
@@ -156,12 +183,7 @@ class _Parser:
         if item.unbounded:
             if chain and not any(item.chars.overlaps(c) for c in chain):
                 chain = []
-            chain = [*chain, item.chars]
-            if len(chain) > MAX_OVERLAPPING:
-                raise RegexRefused(f"it has {len(chain)} unbounded repetitions in a row that can match the same "
-                                   f"characters (at most {MAX_OVERLAPPING}: each one more multiplies the "
-                                   "backtracking by the value's length), as in .*a.*b")
-            return chain
+            return [*chain, item.chars]
         if not item.nullable and not any(item.chars.overlaps(c) for c in chain):
             return []
         return chain
@@ -252,7 +274,9 @@ class _Parser:
                 self.at = end + 1
             else:
                 return self._flags()
+        self.depth += 1
         node = self._alternation()
+        self.depth -= 1
         if self._peek() != ")":
             raise RegexRefused("it has an unclosed group '('")
         self.at += 1
@@ -274,7 +298,9 @@ class _Parser:
             self.at += 1
             return None
         self.at += 1
+        self.depth += 1
         node = self._alternation()
+        self.depth -= 1
         if self._peek() != ")":
             raise RegexRefused("it has an unclosed group '('")
         self.at += 1
@@ -394,6 +420,12 @@ class _Parser:
             chars |= _char(ord(ch), self.fold)
             previous = ord(ch)
         return _ANY if broad else chars
+
+
+def _overlapping(count: int) -> RegexRefused:
+    return RegexRefused(f"it has {count} unbounded repetitions in a row that can match the same characters, not "
+                        f"counting one at its very end (at most {MAX_OVERLAPPING}: each one more multiplies the "
+                        "backtracking by the value's length), as in .*a.*a.*b")
 
 
 def _branches_overlap(branches: list[_Node]) -> bool:

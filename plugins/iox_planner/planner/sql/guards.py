@@ -11,8 +11,9 @@ array, so a random or costly size is not computed twice), keeps its type, and a 
 
 `sequence(a, b[, s])` is guarded on its count, from its bounds as one struct: `(b - a) / s` for integers, the
 microseconds between over the step's for dates and timestamps (constant ones too: Spark builds those while it
-plans, where the guard stops it just the same); a sequence of any other type is refused. The gate lets `raise_error` through only with the guard's own message (`GUARD_MARKER`), and
-`spark_jobs/errors.py` reports it as a bad query.
+plans, where the guard stops it just the same); a sequence of any other type is refused. The gate lets
+`raise_error` through only with the guard's own message (`GUARD_MARKER`), and `spark_jobs/errors.py` reports it as a
+bad query.
 """
 
 from __future__ import annotations

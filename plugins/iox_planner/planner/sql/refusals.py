@@ -18,7 +18,7 @@ from iox_planner.planner.functions import (
 )
 from iox_planner.planner.limits import SqlLimits, alloc_error, partitions_error
 from iox_planner.planner.nodes import ParamValue
-from iox_planner.planner.regex import REGEX_ARGUMENTS, pattern_problem
+from iox_planner.planner.regex import REGEX_ARGUMENTS, like_problem, pattern_problem
 from iox_planner.planner.sizing import SIZED, Bound
 from iox_planner.planner.predicate import SPARK
 from iox_planner.planner.sql.parse import CALL, Source, call_name
@@ -290,9 +290,7 @@ def check_patterns(statement: exp.Query, source: Source) -> None:
     safe: Java's engine cannot be interrupted, so a pattern that backtracks for ever keeps a core of the shared
     server busy long after its query's budget ended."""
     for node in statement.walk():
-        if not isinstance(node, exp.Func):
-            continue
-        if CALL in node.meta:
+        if isinstance(node, exp.Func) and CALL in node.meta:
             name = (call_name(node, source) or "").lower()
             positions = REGEX_ARGUMENTS.get(name, ())
             arguments = call_arguments(source, node.meta[CALL]) if positions else None
@@ -301,10 +299,17 @@ def check_patterns(statement: exp.Query, source: Source) -> None:
                     tokens = arguments[position]
                     one = len(tokens) == 1 and tokens[0].token_type in _STRINGS
                     _check_pattern(f"{name}(...)", tokens[0].text if one else None)
-        elif isinstance(node, exp.RegexpLike):  # the RLIKE and REGEXP operators
+        if isinstance(node, exp.RegexpLike) and CALL not in node.meta:  # the RLIKE and REGEXP operators
             pattern = node.expression
             literal = isinstance(pattern, exp.Literal) and pattern.is_string
             _check_pattern("RLIKE", str(pattern.this) if literal else None)
+        elif isinstance(node, (exp.Like, exp.ILike)) and isinstance(node.expression, exp.Literal) \
+                and node.expression.is_string:
+            escape = node.parent.expression if isinstance(node.parent, exp.Escape) else None
+            why = like_problem(str(node.expression.this), str(escape.this) if escape is not None else "\\")
+            if why is not None:
+                raise UnsupportedError(f"the LIKE pattern {str(node.expression.this)[:80]!r} is refused: Spark runs it "
+                                       f"as a regular expression, and {why}; use fewer % wildcards")
 
 
 def _check_pattern(shown: str, pattern: str | None) -> None:
