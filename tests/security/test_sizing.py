@@ -99,6 +99,7 @@ REFUSED = [
     ("SELECT regexp_extract(city, :p, 0) AS r FROM h2o", "must be one string literal"),
     ("SELECT sequence(CAST(area AS DOUBLE), 5) AS s FROM h2o", "takes integers"),
     ("SELECT city FROM h2o WHERE city LIKE '%a%a%a%b'", "LIKE pattern"),
+    ("SELECT repeat(city, (SELECT max(CAST(area AS INT)) FROM h2o)) AS r FROM h2o", "computed by a subquery"),
     ("SELECT city FROM h2o WHERE city NOT ILIKE '%a%b%c%d' ESCAPE '!'", "LIKE pattern"),
 ]
 
@@ -180,6 +181,8 @@ GUARDED = [
     "sequence(length(city), 1, -1) AS d, "
     "sequence(to_date('2024-01-01'), date_add(to_date('2024-01-01'), length(city))) AS t FROM h2o",
     "SELECT city, x FROM h2o LATERAL VIEW explode(sequence(1, CAST(area AS INT) % 3)) e AS x",
+    "SELECT city, repeat(city, count(*)) AS r, lpad(city, row_number() OVER (ORDER BY city) + 1, '*') AS l "
+    "FROM h2o GROUP BY city HAVING length(repeat(city, count(*))) > 1",
 ]
 
 

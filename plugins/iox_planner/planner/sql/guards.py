@@ -72,6 +72,7 @@ def guard_sizes(statement: exp.Query, source: Source, qualified: exp.Query, tabl
         if name == "sequence":
             if len(arguments) < 2 or all(constant(arguments, i) is not None for i in range(len(arguments))):
                 continue  # whole numbers: counted when planning
+            _refuse_subquery(name, [t for a in arguments for t in a])
             if types is None:
                 types = _sequence_types(qualified, tables)
             edits.extend(_sequence_guard(source, node, arguments, types.get(node.meta[CALL]), limits))
@@ -80,11 +81,20 @@ def guard_sizes(statement: exp.Query, source: Source, qualified: exp.Query, tabl
             if position >= len(arguments) or constant(arguments, position) is not None \
                     or not reads_a_column(arguments[position]):
                 continue
+            _refuse_subquery(name, arguments[position])
             edits.extend(_value_guard(arguments[position], name, sized.what, limits))
         node.meta[GUARD] = True
         notes.append(f"run-time guard: the size of {name}(...) at offset {node.meta[CALL][0]} is computed from the "
                      f"data and fails the query past {limits.max_alloc:,} (IOX_MAX_SQL_ALLOC)")
     return Guards(tuple(edits), tuple(notes))
+
+
+def _refuse_subquery(name: str, tokens: Sequence[Token]) -> None:
+    """Spark takes no subquery inside a higher-order function, which the guard is."""
+    if any(t.token_type is TokenType.SELECT for t in tokens):
+        raise UnsupportedError(f"the size of {name}(...) is computed by a subquery, which iox-batch cannot guard at "
+                               "run time (Spark takes no subquery inside the guard's lambda); compute the size as a "
+                               "column (a CTE or a join) and pass that column")
 
 
 def _message(name: str, what: str, limits: SqlLimits) -> str:
