@@ -181,8 +181,8 @@ GUARDED = [
     "sequence(length(city), 1, -1) AS d, "
     "sequence(to_date('2024-01-01'), date_add(to_date('2024-01-01'), length(city))) AS t FROM h2o",
     "SELECT city, x FROM h2o LATERAL VIEW explode(sequence(1, CAST(area AS INT) % 3)) e AS x",
-    "SELECT city, repeat(city, count(*)) AS r, lpad(city, row_number() OVER (ORDER BY city) + 1, '*') AS l "
-    "FROM h2o GROUP BY city HAVING length(repeat(city, count(*))) > 1",
+    "SELECT city, repeat(city, count(city)) AS r, lpad(city, row_number() OVER (ORDER BY city) + 1, '*') AS l "
+    "FROM h2o GROUP BY city HAVING length(repeat(city, count(city))) > 1",
 ]
 
 
