@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator, Sequence
 from iox_planner.errors import CatalogError, IoxError, error_named
 from iox_planner.model import HIDDEN_PREFIX, NS_PREFIX, TIME_NS, VIEW_PREFIX
 from iox_planner.planner.nodes import QueryPlan
+from iox_planner.planner.sql.guards import GUARD_MARKER
 
 
 @contextmanager
@@ -30,6 +31,9 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
         raise
     except PySparkException as err:
         condition = err.getCondition() if hasattr(err, "getCondition") else None
+        guard = guard_message(str(err))
+        if guard is not None:
+            raise BadQueryError(guard) from err
         too_deep = query_too_deep(str(err))
         if too_deep is not None:
             raise BadQueryError(f"the query failed on Spark: {too_deep}") from err
@@ -41,6 +45,9 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
         # py4j ships no type information; its error class is known by name.
         if type(err).__name__ != "Py4JJavaError" or DEBUG.read():
             raise
+        guard = guard_message(str(err))
+        if guard is not None:
+            raise BadQueryError(guard) from err
         java = java_message(str(err))
         too_deep = query_too_deep(java)
         if too_deep is not None:
@@ -49,6 +56,15 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
 
 
 _CAUSED_BY = "Caused by: "
+_GUARD = re.compile(r"\[USER_RAISED_EXCEPTION\]\s*" + re.escape(GUARD_MARKER) + r"(.*?)(?:\s+SQLSTATE:|\n|$)")
+
+
+def guard_message(text: str) -> str | None:
+    """The planner's size guard's own paragraph when it is what failed the query (`planner/sql/guards.py`: a size
+    computed from the data past IOX_MAX_SQL_ALLOC), wherever Spark wraps it (a task's failure, a Connect error)."""
+    found = _GUARD.search(text)
+    return f"the query stopped at a size guard: {found.group(1).strip()}" if found else None
+
 
 
 def java_message(text: str) -> str:

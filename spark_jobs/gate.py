@@ -5,8 +5,10 @@ The planner's front end already refuses all of this on sqlglot's reading of the 
 the way Spark will, so a slip of the front end (a construct sqlglot reads differently) stays harmless. It works
 on Spark's unresolved plan, as JSON (`TreeNode.toJSON`): a closed list of plan nodes (any other node, such as
 a command, CREATE, INSERT, CACHE or SET, is refused), every function and generator by its name on the allow-list,
-every relation one of the plan's views or a CTE of the query, hints on the hint list, and no bare word Spark
-would resolve to a refused function (`current_user`, ...).
+every relation one of the plan's views or a CTE of the query, hints on the hint list (a partitioning hint's count
+within `IOX_MAX_HINT_PARTITIONS`), every regular expression a literal `planner/regex.py` finds safe (as Spark
+reads the literal), `raise_error` only as the planner's size guard (`GUARD_MARKER`), and no bare word Spark would
+resolve to a refused function (`current_user`, ...).
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import json
 from typing import Any, Collection, Iterator
 
 from iox_planner.errors import BadQueryError, UnsupportedError
-from iox_planner.planner.functions import ALLOWED, CONTEXT_WORDS, GENERATORS, HINTS, REFUSED, SYNTAX
+from iox_planner.planner.functions import ALLOWED, CONTEXT_WORDS, GENERATORS, HINTS, PARTITION_HINTS, REFUSED, SYNTAX
+from iox_planner.planner.limits import SqlLimits, partitions_error
+from iox_planner.planner.regex import REGEX_ARGUMENTS, like_problem, pattern_problem
+from iox_planner.planner.sql.guards import GUARD_MARKER
 
 _LOGICAL = "org.apache.spark.sql.catalyst.plans.logical."
 _ANALYSIS = "org.apache.spark.sql.catalyst.analysis."
@@ -57,7 +62,9 @@ _BY_STRING = frozenset(_ANALYSIS + name for name in "ExpressionWithUnresolvedIde
 def check_query_text(spark: Any, text: str, views: Collection[str], columns: Collection[str]) -> None:
     """Refuse `text` unless Spark parses it as a read-only query over `views` (and the query's own CTEs) calling
     only allowed functions. `columns`: the views' columns (a bare word that is one is a column, not a call)."""
-    nodes = list(_nodes(_parsed(spark, text)))
+    tree = _parsed(spark, text)
+    guards = _check_arguments(tree)
+    nodes = list(_nodes(tree))
     ctes = _cte_names(nodes)
     allowed_relations = {f"[{name}]" for name in (*views, *ctes)}
     for node in nodes:
@@ -69,7 +76,8 @@ def check_query_text(spark: Any, text: str, views: Collection[str], columns: Col
                                    "which is not among the expressions iox-batch allows (operators, literals, "
                                    "casts, subqueries, windows); call an allowed function instead")
         if kind in _ANALYSIS_EXPRESSIONS:
-            _check_expression(kind, node, columns)
+            if id(node) not in guards:
+                _check_expression(kind, node, columns)
         elif kind in _BY_STRING:
             raise UnsupportedError("IDENTIFIER(...) names a table, column or function by a string Spark reads only "
                                    "while it runs the query, after iox-batch's checks; write the name itself "
@@ -90,6 +98,84 @@ def check_query_text(spark: Any, text: str, views: Collection[str], columns: Col
         elif kind == _LOGICAL + "UnresolvedHint":
             if str(node.get("name", "")).lower() not in HINTS:
                 raise UnsupportedError(f"hint {str(node.get('name'))[:80]!r} is not allowed")
+
+
+def _check_arguments(tree: Any) -> set[int]:
+    """The checks that read a node's arguments: regular expressions, partitioning hints' counts, and the
+    planner's size guards, whose `raise_error` calls (their ids) it returns as allowed."""
+    limits = SqlLimits.from_env()
+    guards: set[int] = set()
+    for node, children in _with_children(tree):
+        kind = str(node.get("class", ""))
+        name = (_single_name(node.get("nameParts")) or "").lower() if kind == _ANALYSIS + "UnresolvedFunction" else ""
+        if name == "raise_error":
+            message = _string_literal(children[0][0]) if len(children) == 1 else None
+            if message is not None and message.startswith(GUARD_MARKER):
+                guards.add(id(node))
+        elif name in REGEX_ARGUMENTS or kind == _EXPRESSIONS + "RLike":
+            for position in REGEX_ARGUMENTS.get(name, (1,)):
+                if position < len(children):
+                    _check_pattern(name or "RLIKE", _string_literal(children[position][0]))
+        elif kind in (_EXPRESSIONS + "Like", _EXPRESSIONS + "ILike") and len(children) == 2:
+            pattern = _string_literal(children[1][0])
+            why = None if pattern is None else like_problem(pattern, str(node.get("escapeChar") or "\\")[:1])
+            if why is not None:
+                raise UnsupportedError(f"the LIKE pattern {str(pattern)[:80]!r}, as Spark reads it, is refused: {why}")
+        elif kind == _LOGICAL + "UnresolvedHint" and str(node.get("name", "")).lower() in PARTITION_HINTS:
+            for parameter in node.get("parameters") or []:
+                for item in parameter if isinstance(parameter, list) else []:
+                    if isinstance(item, dict) and item.get("class") == _EXPRESSIONS + "Literal" \
+                            and str(item.get("dataType")) in ("integer", "long") \
+                            and int(str(item.get("value"))) > limits.max_partitions:
+                        raise partitions_error(str(node.get("name")), int(str(item.get("value"))), limits)
+    return guards
+
+
+def _check_pattern(shown: str, pattern: str | None) -> None:
+    if pattern is None:
+        raise UnsupportedError(f"Spark reads the regular expression of {shown} as something other than one string "
+                               "literal; write the pattern as '...'")
+    why = pattern_problem(pattern)
+    if why is not None:
+        raise UnsupportedError(f"the regular expression {pattern[:80]!r} of {shown}, as Spark reads it, is refused: "
+                               f"{why}")
+
+
+def _string_literal(node: dict[str, Any]) -> str | None:
+    if node.get("class") == _EXPRESSIONS + "Literal" and node.get("dataType") == "string":
+        value = node.get("value")
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _with_children(tree: Any) -> Iterator[tuple[dict[str, Any], list[tuple[dict[str, Any], Any]]]]:
+    """Every node of the JSON with its children, each as (node, its children): the JSON lists a tree's nodes in
+    pre-order, each with its `num-children` (rebuilt iteratively: a chain of ANDs is as deep as it is long)."""
+    stack = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            if item and all(isinstance(x, dict) and "num-children" in x for x in item):
+                yield from _rebuilt(item)
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(v for v in item.values() if isinstance(v, (list, dict)))
+
+
+def _rebuilt(items: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], list[tuple[dict[str, Any], Any]]]]:
+    entries: list[tuple[dict[str, Any], list[Any]]] = [(node, []) for node in items]
+    open_parents: list[list[int]] = []  # [index, children still to come]
+    for i, (node, _) in enumerate(entries):
+        if open_parents:
+            parent = open_parents[-1]
+            entries[parent[0]][1].append(entries[i])
+            parent[1] -= 1
+        count = int(node.get("num-children", 0) or 0)
+        if count:
+            open_parents.append([i, count])
+        while open_parents and open_parents[-1][1] == 0:
+            open_parents.pop()
+    yield from entries
 
 
 def _parsed(spark: Any, text: str) -> Any:

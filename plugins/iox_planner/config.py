@@ -447,11 +447,18 @@ MAX_SQL_LIST = _declare(Whole(
     1_000_000))
 MAX_SQL_ALLOC = _declare(Whole(
     "IOX_MAX_SQL_ALLOC",
-    "what one call may build where its size is a constant of the query (`repeat`, `lpad`, `sequence`, format "
-    "widths...)",
+    "what one call may build in one value (`repeat`, `lpad`, `sequence`, format widths, sketch sizes...): checked "
+    "when planning where the size is a constant, by a guard at run time where it comes from the data",
     16_777_216,
     1024,
     2**31 - 1))
+MAX_HINT_PARTITIONS = _declare(Whole(
+    "IOX_MAX_HINT_PARTITIONS",
+    "the most partitions a query's hint may ask for (`REPARTITION(n)`, `COALESCE(n)`, `REPARTITION_BY_RANGE(n)`, "
+    "`REBALANCE(n)`): each is a task on the shared Spark server",
+    2048,
+    1,
+    1_000_000))
 
 # The planner (also `--set name=value`; PRODUCT.md's planner section)
 TARGET_PARTITIONS = _declare(Whole(

@@ -526,6 +526,11 @@ CLI_CASES = [
                                "IS NOT NULL", "java_method"),
     (["explain", "--analyze"], "SELECT * FROM h2o LATERAL VIEW reflect('java.lang.System', 'getenv', 'HOME') "
                                "t AS x", "reflect"),
+    # issue 31: sizes and patterns that took the shared server down, refused before Spark runs
+    (["query"], "SELECT /*+ REPARTITION(2147483647) */ count(*) AS c FROM h2o", "IOX_MAX_HINT_PARTITIONS"),
+    (["query"], "SELECT count_min_sketch(city, 0.00000001D, 0.9D, 1) AS s FROM h2o", "count_min_sketch"),
+    (["query"], "SELECT city FROM h2o WHERE regexp_like(concat(repeat('a,', 40), city), '(.*,){11}P')",
+     "regular expression"),
 ]
 
 

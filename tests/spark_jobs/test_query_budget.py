@@ -29,9 +29,8 @@ CITIES = ["Bedford", "Bedford", "Boston", "Boston", "SF", "SF", "SJ", "SJ"]
 # Slow but cheap: 8e10 generated rows (minutes here: a fifth of them took about 50 s uncancelled), a few MB of
 # memory. The generated rows are spread over tasks by `DISTRIBUTE BY`, so every task reads its input from a
 # shuffle, which checks for cancellation on each row: the cancelled tasks stop at once and free their cores for
-# the next query. (The issue's own slow probe, a backtracking regular expression, is cancelled at its budget too,
-# but Java's regular expressions never look at the interrupt, so its tasks keep their cores until their row is
-# done: `test_airflow_iox_query.py` runs it through spark-submit, whose process ends with the job.)
+# the next query. (The issue's own slow probe, a backtracking regular expression, is refused when planning since
+# issue 31: Java's regular expressions never look at the interrupt, so its tasks would keep their cores.)
 SLOW = ("SELECT max(i + j) AS m FROM (SELECT i FROM h2o LATERAL VIEW explode(sequence(1, 100000)) s AS i "
         "DISTRIBUTE BY i) LATERAL VIEW explode(sequence(1, 100000)) t AS j")
 BUDGET_S = 3

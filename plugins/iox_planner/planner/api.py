@@ -83,7 +83,7 @@ def _plan(sql: str, source: ChunkSource, params: Mapping[str, object] | None, ti
     trees: list[PlanNode] = []
     scans: list[ScanInfo] = []
     reports: list[ScanPruning] = []
-    notes: list[str] = []
+    notes: list[str] = list(query.notes)
     by_id: dict[str, Chunk] = {}
     for scan in query.scans:
         schema = tables[scan.table]

@@ -125,5 +125,9 @@ HINTS = frozenset(
 )
 """Spark's query hints (join strategies and partitioning): they change how a query runs, never what it reads."""
 
+PARTITION_HINTS = frozenset({"coalesce", "repartition", "repartition_by_range", "rebalance"})
+"""The hints that take a number of partitions, bounded by `IOX_MAX_HINT_PARTITIONS`."""
+
 assert not ALLOWED & REFUSED
 assert GENERATORS <= ALLOWED
+assert PARTITION_HINTS <= HINTS

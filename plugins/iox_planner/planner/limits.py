@@ -28,12 +28,15 @@ class SqlLimits:
     grow faster than their length (200,000 VALUES rows took 37 s and 1 GB to plan)."""
     max_alloc: int = config.MAX_SQL_ALLOC.default
     """What one call may build where its size is a constant of the query (`IOX_MAX_SQL_ALLOC`): the count of
-    `repeat`, `array_repeat` and `sequence`, the width of `space`, `lpad`, `rpad` and of format specifiers."""
+    `repeat`, `array_repeat` and `sequence`, the width of `space`, `lpad`, `rpad` and of format specifiers, the
+    cells of a sketch (`sizing.py`); and, with a guard, such a size computed from the data."""
+    max_partitions: int = config.MAX_HINT_PARTITIONS.default
+    """The partitions a hint may ask for (`IOX_MAX_HINT_PARTITIONS`)."""
 
     @staticmethod
     def from_env() -> SqlLimits:
         return SqlLimits(config.MAX_SQL_BYTES.read(), config.MAX_SQL_DEPTH.read(), config.MAX_SQL_NODES.read(),
-                         config.MAX_SQL_LIST.read(), config.MAX_SQL_ALLOC.read())
+                         config.MAX_SQL_LIST.read(), config.MAX_SQL_ALLOC.read(), config.MAX_HINT_PARTITIONS.read())
 
 
 def check_size(sql: str, limits: SqlLimits) -> None:
@@ -58,9 +61,15 @@ def values_error(what: str, length: int, limits: SqlLimits) -> BadQueryError:
                          "put the values in a table (iox-batch write) and join it, or raise IOX_MAX_SQL_LIST")
 
 
-def alloc_error(call: str, size: int, limits: SqlLimits) -> BadQueryError:
-    return BadQueryError(f"{call} would build {size:,} characters or elements in one value, over the limit of "
+def alloc_error(call: str, size: float, limits: SqlLimits, what: str = "characters or elements") -> BadQueryError:
+    return BadQueryError(f"{call} would build {size:,.0f} {what} in one value, over the limit of "
                          f"{limits.max_alloc:,}; use a smaller constant or raise IOX_MAX_SQL_ALLOC")
+
+
+def partitions_error(hint: str, count: int, limits: SqlLimits) -> BadQueryError:
+    return BadQueryError(f"the hint {hint[:40]}({count}) asks for {count:,} partitions, over the limit of "
+                         f"{limits.max_partitions:,} (each is a task on the shared Spark server); ask for fewer or "
+                         "raise IOX_MAX_HINT_PARTITIONS")
 
 
 def read_sql_file(path: str, limits: SqlLimits | None = None) -> str:

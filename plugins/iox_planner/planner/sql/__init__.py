@@ -10,6 +10,7 @@ registered as the view `__iox_scan_<n>`, aliased as the reference was.
 - `clocks.py`: the clock calls fixed at planning time;
 - `scans.py`: what each reference reads and which conjuncts its scan evaluates;
 - `nanoseconds.py`: exact nanoseconds for time columns passed through;
+- `guards.py`: run-time guards around sizes computed from the data;
 - `splice.py`: the text Spark runs.
 """
 
@@ -25,10 +26,11 @@ from iox_planner.model import INTERNAL_NAMES, INTERNAL_PREFIX, TableSchema
 from iox_planner.planner.limits import SqlLimits
 from iox_planner.planner.nodes import ParamValue
 from iox_planner.planner.sql.clocks import mark_clocks
+from iox_planner.planner.sql.guards import guard_sizes
 from iox_planner.planner.sql.nanoseconds import Nanoseconds, shape_of
 from iox_planner.planner.sql.parse import parse, within_limits
 from iox_planner.planner.sql.refusals import (
-    check_allocations, check_params, is_internal_name, reject_internal_names, reject_outside,
+    check_allocations, check_params, check_patterns, is_internal_name, reject_internal_names, reject_outside,
 )
 from iox_planner.planner.sql.scans import Analysis, ScanRequest, TagFilter, qualify_query, tag_table_references
 from iox_planner.planner.sql.splice import Splicer
@@ -48,6 +50,8 @@ class AnalyzedQuery:
     naming_sql: str | None = None
     """`spark_sql` without the clock edits, when a pinned clock sits in a result column Spark names after its
     text: the job takes the result's column names from it (they are the user's query's names)."""
+    notes: tuple[str, ...] = ()
+    """The planner's run-time guards, one line each (EXPLAIN's notes)."""
 
 
 @within_limits
@@ -60,6 +64,7 @@ def analyze(sql: str, tables: Mapping[str, TableSchema], *, params: Mapping[str,
     reject_internal_names(statement)
     bound = check_params(statement, params or {})
     check_allocations(statement, source, limits, bound)
+    check_patterns(statement, source)
     mark_clocks(statement, source, tables)
     refs = tag_table_references(statement, tables)
     shape = shape_of(statement)
@@ -68,9 +73,11 @@ def analyze(sql: str, tables: Mapping[str, TableSchema], *, params: Mapping[str,
     scans = tuple(front.scan(i) for i in range(len(refs)))
     output = _output_columns(qualified)
     nanos = Nanoseconds(front, shape).edits()
-    splicer = Splicer(statement, source, front, scans, nanos, now_ns)
-    naming = splicer.spark_sql(clocks=False) if splicer.clock_in_unnamed_output() else None
-    return AnalyzedQuery(sql, splicer.spark_sql(), bound, scans, output, tuple(nanos.time_columns), naming)
+    guards = guard_sizes(statement, source, qualified, tables, limits)
+    splicer = Splicer(statement, source, front, scans, nanos, now_ns, guards.edits)
+    naming = splicer.spark_sql(clocks=False, guards=False) if splicer.clock_in_unnamed_output() else None
+    return AnalyzedQuery(sql, splicer.spark_sql(), bound, scans, output, tuple(nanos.time_columns), naming,
+                         guards.notes)
 
 
 def _output_columns(qualified: exp.Query) -> tuple[str, ...]:

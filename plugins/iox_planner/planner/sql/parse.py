@@ -38,6 +38,8 @@ CLOSE = "iox_close"
 """Meta of a derived table (`exp.Subquery`): the text offset right after its closing parenthesis."""
 CALL = "iox_call"
 """Meta of a function call: (start, end) text offsets of the whole call, name to closing parenthesis."""
+GUARD = "iox_guard"
+"""Meta of a call whose size the splicer guards at run time (`guards.py`)."""
 
 
 @dataclass(frozen=True)

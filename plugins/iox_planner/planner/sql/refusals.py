@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Mapping
+from typing import Any, Literal, Mapping, overload
 
 from sqlglot import exp
 from sqlglot.tokenizer_core import Token, TokenType
 
 from iox_planner.errors import BadInputError, BadQueryError, UnsupportedError, check_text
 from iox_planner.model import INTERNAL_NAMES, INTERNAL_PREFIX, TableSchema
-from iox_planner.planner.functions import ALLOWED, CONTEXT_WORDS, GENERATORS, HINTS, REFUSED, SYNTAX
-from iox_planner.planner.limits import SqlLimits, alloc_error
+from iox_planner.planner.functions import (
+    ALLOWED, CONTEXT_WORDS, GENERATORS, HINTS, PARTITION_HINTS, REFUSED, SYNTAX,
+)
+from iox_planner.planner.limits import SqlLimits, alloc_error, partitions_error
 from iox_planner.planner.nodes import ParamValue
+from iox_planner.planner.regex import REGEX_ARGUMENTS, like_problem, pattern_problem
+from iox_planner.planner.sizing import SIZED, Bound
 from iox_planner.planner.predicate import SPARK
 from iox_planner.planner.sql.parse import CALL, Source, call_name
 
@@ -62,11 +66,28 @@ def reject_outside(statement: exp.Query, source: Source, tables: Mapping[str, Ta
                 if str(name).lower() not in HINTS:
                     raise UnsupportedError(f"hint {str(name)[:80]!r} is not allowed; allowed hints: "
                                            f"{', '.join(sorted(h.upper() for h in HINTS))}")
+                if str(name).lower() in PARTITION_HINTS:
+                    _check_partitions(str(name), hint)
         elif isinstance(node, exp.Lateral) and not isinstance(node.this, (exp.Func, exp.Subquery)):
             raise UnsupportedError(f"LATERAL {_shorten(node.this)} is not allowed; LATERAL takes a subquery or "
                                    "a generator function such as explode(...)")
         elif isinstance(node, exp.Table):
             _check_table(node, source, tables)
+
+
+def _check_partitions(name: str, hint: exp.Expr) -> None:
+    """A partitioning hint's number (Spark takes a whole-number literal, in parentheses or not, as the count of
+    partitions; anything else is a partitioning expression) within `IOX_MAX_HINT_PARTITIONS`: REPARTITION(2147483647)
+    ended the shared server's JVM, and each partition is a task scheduled on it."""
+    limits = SqlLimits.from_env()
+    for node in hint.walk():
+        if isinstance(node, exp.Literal) and not node.is_string:
+            try:
+                count = int(float(node.this))
+            except (ValueError, OverflowError):
+                continue
+            if count > limits.max_partitions:
+                raise partitions_error(name.upper(), count, limits)
 
 
 def _check_table(node: exp.Table, source: Source, tables: Mapping[str, TableSchema]) -> None:
@@ -175,11 +196,6 @@ def check_params(statement: exp.Query, params: Mapping[str, object]) -> dict[str
 # ----------------------------------------------------------------------------------------------------------------
 # Sizes known before running
 
-# name -> the argument positions (0-based) that are a count or a width of what the call builds
-_SIZE_ARGUMENTS: dict[str, tuple[int, ...]] = {
-    "repeat": (1,), "space": (0,), "lpad": (1,), "rpad": (1,), "array_repeat": (1,), "randstr": (0,),
-    "array_insert": (1,), "format_number": (1,),
-}
 _FORMATTERS = frozenset({"format_string", "printf"})
 _MULTIPLYING = frozenset({"repeat", "array_repeat"})
 """Calls whose result is their first argument's value that many times: what the sized calls inside their first
@@ -191,50 +207,64 @@ _SPECIFIER = re.compile(r"%(?:[0-9]+\$)?[-#+ 0,(<]*([0-9]+)?(?:\.([0-9]+))?[a-zA
 _JAVA_SPECIFIER = re.compile(r"%(?:([0-9]+)\$)?([-#+ 0,(<]*)([0-9]+)?(?:\.[0-9]+)?([tT])?(.?)", re.S)
 _CONVERSIONS = set("bBhHsScCdoxXeEfgGaA%n")
 _TIME_CONVERSIONS = set("HIklMSLNpzZsQBbhAaCYyjmdeRTrDFc")
+_STRINGS = (TokenType.STRING, TokenType.RAW_STRING)
 
 
 def check_allocations(statement: exp.Query, source: Source, limits: SqlLimits,
                       params: Mapping[str, object] | None = None) -> None:
-    """Calls whose size is a constant of the query stay within `IOX_MAX_SQL_ALLOC`: `repeat('x', 2147483647)`
-    would take the driver's memory before any row is read, and nothing after planning could stop it cleanly.
-    Repeats of repeats multiply: `repeat(repeat('x', 10000), 10000)` builds 10^8."""
+    """Calls whose size is a constant of the query stay within `IOX_MAX_SQL_ALLOC` (`sizing.SIZED` says which
+    arguments set a size): `repeat('x', 2147483647)` or `count_min_sketch(c, 1e-8D, 0.9D, 1)` would take the
+    driver's memory before any row is read, and nothing after planning could stop it cleanly. Repeats of repeats
+    multiply: `repeat(repeat('x', 10000), 10000)` builds 10^8. A size computed from the data is left to the guard
+    `guards.py` splices around it; where only a constant makes sense (a sketch's accuracy, a format), one is
+    required."""
     repeats: dict[int, tuple[exp.Func, int]] = {}
     for node in statement.walk():
         if not isinstance(node, exp.Func) or CALL not in node.meta:
             continue
         name = (call_name(node, source) or "").lower()
-        if name not in _SIZE_ARGUMENTS and name not in _FORMATTERS and name != "sequence":
+        sized = SIZED.get(name)
+        if sized is None:
             continue
-        arguments = _call_arguments(source, node.meta[CALL])
+        arguments = call_arguments(source, node.meta[CALL])
         if arguments is None:
             continue
         shown = f"{name}(...)"
-        for position in _SIZE_ARGUMENTS.get(name, ()):
-            size = _constant(arguments, position, params)
-            if size is None and position < len(arguments) and name != "format_number":  # its 2nd: a format too
-                _refuse_unknown_constant(shown, arguments[position])
-            if size is not None and abs(size) > limits.max_alloc:
-                raise alloc_error(shown, abs(size), limits)
-            if size is not None:
-                repeats[id(node)] = (node, abs(size))
-        if name in _FORMATTERS and arguments and len(arguments[0]) == 1 \
-                and arguments[0][0].token_type is TokenType.STRING:
-            # The widths add up: eight specifiers of 16M each build 128M characters.
-            size = sum(max(int(width or 0), int(precision or 0))
-                       for width, precision in _SPECIFIER.findall(arguments[0][0].text))
-            if size > limits.max_alloc:
-                raise alloc_error(shown, size, limits)
-            _check_format(name, arguments[0][0].text, len(arguments) - 1)
-        elif name in _FORMATTERS and arguments:
-            _refuse_unknown_constant(shown, arguments[0], "format")
-        if name == "sequence":
-            start, stop = _constant(arguments, 0, params), _constant(arguments, 1, params)
-            step = _constant(arguments, 2, params) if len(arguments) > 2 else 1
+        if sized.bound is Bound.LITERAL:
+            _check_format_argument(name, shown, arguments, limits)
+        elif name == "sequence":
+            start, stop = constant(arguments, 0, params), constant(arguments, 1, params)
+            step = constant(arguments, 2, params) if len(arguments) > 2 else 1
             if start is not None and stop is not None and step:
                 count = abs(stop - start) // abs(step) + 1
                 if count > limits.max_alloc:
                     raise alloc_error(shown, count, limits)
                 repeats[id(node)] = (node, count)
+        elif sized.bound is Bound.GUARDED:
+            [position] = sized.positions
+            size = constant(arguments, position, params)
+            if size is None and position < len(arguments):
+                _refuse_unknown_constant(shown, arguments[position])
+            elif size is not None:
+                if abs(size) > limits.max_alloc:
+                    raise alloc_error(shown, abs(size), limits, sized.what)
+                repeats[id(node)] = (node, abs(size))
+        else:
+            values: list[float | None] = []
+            for position in sized.positions:
+                tokens = arguments[position] if position < len(arguments) else []
+                if not tokens or (name == "format_number" and len(tokens) == 1 and tokens[0].token_type in _STRINGS):
+                    values.append(None)  # left to Spark's default, or format_number's pattern (as long as its text)
+                    continue
+                value = constant(arguments, position, params, real=True)
+                if value is None:
+                    raise BadQueryError(f"argument {position + 1} of {shown} sets how many {sized.what} it builds "
+                                        "and must be a constant iox-batch can compute before running (a number "
+                                        "literal, + - * /, casts or a bound parameter); write it as a number")
+                values.append(value)
+            measured = sized.measure(values)
+            if measured > limits.max_alloc:
+                raise alloc_error(shown, measured, limits, sized.what)
     totals: dict[int, int] = {}
 
     def built(node: exp.Func) -> int:
@@ -253,6 +283,59 @@ def check_allocations(statement: exp.Query, source: Source, limits: SqlLimits,
     for node, _ in repeats.values():
         if built(node) > limits.max_alloc:
             raise alloc_error(f"{(call_name(node, source) or '').lower()}(...) of a sized value", built(node), limits)
+
+
+def check_patterns(statement: exp.Query, source: Source) -> None:
+    """Every regular expression a call or RLIKE/REGEXP gives Spark is one string literal that `regex.py` finds
+    safe: Java's engine cannot be interrupted, so a pattern that backtracks for ever keeps a core of the shared
+    server busy long after its query's budget ended."""
+    for node in statement.walk():
+        if isinstance(node, exp.Func) and CALL in node.meta:
+            name = (call_name(node, source) or "").lower()
+            positions = REGEX_ARGUMENTS.get(name, ())
+            arguments = call_arguments(source, node.meta[CALL]) if positions else None
+            for position in positions:
+                if arguments is not None and position < len(arguments):
+                    tokens = arguments[position]
+                    one = len(tokens) == 1 and tokens[0].token_type in _STRINGS
+                    _check_pattern(f"{name}(...)", tokens[0].text if one else None)
+        if isinstance(node, exp.RegexpLike) and CALL not in node.meta:  # the RLIKE and REGEXP operators
+            pattern = node.expression
+            literal = isinstance(pattern, exp.Literal) and pattern.is_string
+            _check_pattern("RLIKE", str(pattern.this) if literal else None)
+        elif isinstance(node, (exp.Like, exp.ILike)) and isinstance(node.expression, exp.Literal) \
+                and node.expression.is_string:
+            escape = node.parent.expression if isinstance(node.parent, exp.Escape) else None
+            why = like_problem(str(node.expression.this), str(escape.this) if escape is not None else "\\")
+            if why is not None:
+                raise UnsupportedError(f"the LIKE pattern {str(node.expression.this)[:80]!r} is refused: Spark runs it "
+                                       f"as a regular expression, and {why}; use fewer % wildcards")
+
+
+def _check_pattern(shown: str, pattern: str | None) -> None:
+    if pattern is None:
+        raise UnsupportedError(f"the regular expression of {shown} must be one string literal ('...'): a pattern "
+                               "computed from the data or a parameter cannot be checked before running, and Java's "
+                               "engine, which cannot be interrupted, may backtrack on it for ever")
+    why = pattern_problem(pattern)
+    if why is not None:
+        raise UnsupportedError(f"the regular expression {pattern[:80]!r} of {shown} is refused: {why}; write it "
+                               "without nested or overlapping repetitions (Java's engine cannot be interrupted)")
+
+
+def _check_format_argument(name: str, shown: str, arguments: list[list[Token]], limits: SqlLimits) -> None:
+    """The format of format_string/printf: one string literal (a format computed from the data could ask for any
+    width, `concat('%', n, 's')`), whose widths and precisions add up within the limit (eight specifiers of 16M
+    each build 128M characters), in a form Java's Formatter takes."""
+    if not arguments or len(arguments[0]) != 1 or arguments[0][0].token_type not in _STRINGS:
+        raise BadQueryError(f"the format of {shown} must be one string literal (its widths set how much the call "
+                            "builds, and a format computed from the data could ask for any width); write the "
+                            "format as '...'")
+    text = arguments[0][0].text
+    size = sum(max(int(width or 0), int(precision or 0)) for width, precision in _SPECIFIER.findall(text))
+    if size > limits.max_alloc:
+        raise alloc_error(shown, size, limits, "characters")
+    _check_format(name, text, len(arguments) - 1)
 
 
 def _check_format(name: str, text: str, given: int) -> None:
@@ -279,7 +362,7 @@ def _check_format(name: str, text: str, given: int) -> None:
                             "one value per specifier (%2$s is the second value)")
 
 
-def _call_arguments(source: Source, where: tuple[int, int]) -> list[list[Token]] | None:
+def call_arguments(source: Source, where: tuple[int, int]) -> list[list[Token]] | None:
     """The tokens of each argument of the call at text offsets `where` (split at its top-level commas)."""
     first = source.token_index(where[0])
     if first is None or first + 1 >= len(source.tokens) or source.tokens[first + 1].token_type is not TokenType.L_PAREN:
@@ -300,19 +383,28 @@ def _call_arguments(source: Source, where: tuple[int, int]) -> list[list[Token]]
     return arguments
 
 
-def _constant(arguments: list[list[Token]], position: int, params: Mapping[str, object] | None = None) -> int | None:
-    """The integer an argument is when it is a constant of number literals and bound parameters (`_Folder`:
-    signs, parentheses, + - * / div, casts, suffixes), else None."""
+@overload
+def constant(arguments: list[list[Token]], position: int, params: Mapping[str, object] | None = None, *,
+              real: Literal[False] = False) -> int | None: ...
+@overload
+def constant(arguments: list[list[Token]], position: int, params: Mapping[str, object] | None = None, *,
+              real: Literal[True]) -> float | None: ...
+def constant(arguments: list[list[Token]], position: int, params: Mapping[str, object] | None = None, *,
+              real: bool = False) -> int | float | None:
+    """The number an argument is when it is a constant of number literals and bound parameters (`_Folder`:
+    signs, parentheses, + - * / div, casts, suffixes), else None: an integer (fractions truncated, as a size
+    is), or with `real` the exact value (a sketch's accuracy, 1e-8D)."""
     if position >= len(arguments):
         return None
-    return _Folder(arguments[position], params or {}).value()
+    value: int | float | None = _Folder(arguments[position], params or {}, real).value()
+    return value
 
 
 def _refuse_unknown_constant(shown: str, tokens: list[Token], what: str = "size") -> None:
     """A size (or format) that reads no column is a constant Spark computes on the driver before any row is
     read; one the folder cannot compute (CASE, coalesce(...), a string Spark casts) is refused rather than
     trusted. A size computed from the data is a run-time matter (the driver's memory bound ends it clearly)."""
-    if not tokens or _reads_a_column(tokens):
+    if not tokens or reads_a_column(tokens):
         return
     raise BadQueryError(f"the {what} of {shown} is a constant iox-batch cannot compute before running (only number "
                         f"literals, + - * /, casts and bound parameters are); write it as a number"
@@ -325,7 +417,7 @@ _CONSTANT_TOKENS = frozenset(getattr(TokenType, n) for n in """NUMBER STRING L_P
     DPIPE PIPE AMP CARET TILDA SELECT ALIAS DCOLON""".split() if hasattr(TokenType, n))
 
 
-def _reads_a_column(tokens: list[Token]) -> bool:
+def reads_a_column(tokens: list[Token]) -> bool:
     """Whether an argument may read the rows: it has a token that is neither a constant's (literals, operators,
     CASE, a scalar SELECT), nor a call's name, nor a type after AS or ::, nor a bound parameter's name. Any other
     name (a column, a keyword used as one such as `temp`) counts as reading the rows."""
@@ -349,12 +441,13 @@ class _Folder:
     `- -n`, `2147483647L`, `2147483647::int`, `CAST('2147483647' AS INT)`. Anything else (a column, a call, a
     string that is not a whole number) makes the whole argument unknown: None."""
 
-    def __init__(self, tokens: list[Token], params: Mapping[str, object]) -> None:
+    def __init__(self, tokens: list[Token], params: Mapping[str, object], real: bool = False) -> None:
         self.tokens = tokens
         self.params = params
+        self.real = real
         self.at = 0
 
-    def value(self) -> int | None:
+    def value(self) -> Any:
         try:
             result = self._sum()
         except _NotConstant:
@@ -371,7 +464,7 @@ class _Folder:
         self.at += 1
         return token
 
-    def _sum(self) -> int:
+    def _sum(self) -> float:
         total = self._product()
         while (token := self._peek()) is not None and token.token_type in (TokenType.PLUS, TokenType.DASH):
             self.at += 1
@@ -379,7 +472,7 @@ class _Folder:
             total = total + right if token.token_type is TokenType.PLUS else total - right
         return total
 
-    def _product(self) -> int:
+    def _product(self) -> float:
         total = self._unary()
         while (token := self._peek()) is not None and token.token_type in (TokenType.STAR, TokenType.SLASH,
                                                                             TokenType.DIV):
@@ -390,12 +483,12 @@ class _Folder:
             elif right == 0:
                 raise _NotConstant
             else:
-                total = int(total / right)
+                total = total / right if self.real else int(total / right)
             if abs(total) > 10**40:  # far past every bound: no need to build bigger numbers
                 total = 10**40 if total > 0 else -10**40
         return total
 
-    def _unary(self) -> int:
+    def _unary(self) -> float:
         token = self._peek()
         if token is not None and token.token_type in (TokenType.PLUS, TokenType.DASH):
             self.at += 1
@@ -407,15 +500,15 @@ class _Folder:
             self._type()
         return value
 
-    def _primary(self) -> int:
+    def _primary(self) -> float:
         token = self._take()
         if token.token_type is TokenType.NUMBER:
-            return _number(token.text)
+            return _number(token.text, self.real)
         if token.token_type is TokenType.COLON:  # a bound parameter: its value is known when the query plans
             value = self.params.get(self._take().text)
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise _NotConstant
-            return _number(str(value).strip())
+            return _number(str(value).strip(), self.real)
         if token.token_type is TokenType.L_PAREN:
             value = self._sum()
             if self._take().token_type is not TokenType.R_PAREN:
@@ -426,7 +519,8 @@ class _Folder:
             if inner is not None and inner.token_type is TokenType.STRING:
                 self.at += 1
                 text = inner.text.strip()  # Spark's cast takes a sign and spaces around the digits
-                value = -_number(text[1:].strip()) if text.startswith("-") else _number(text.removeprefix("+").strip())
+                value = (-_number(text[1:].strip(), self.real) if text.startswith("-")
+                         else _number(text.removeprefix("+").strip(), self.real))
             else:
                 value = self._sum()
             if self._take().token_type is not TokenType.ALIAS:
@@ -452,12 +546,15 @@ class _NotConstant(Exception):
     """The argument is not a constant `_Folder` can compute."""
 
 
-def _number(text: str) -> int:
-    """A number literal's value, suffixes (`L`, `S`, `Y`, `BD`, `D`, `F`) dropped, fractions truncated."""
+def _number(text: str, real: bool = False) -> float:
+    """A number literal's value, suffixes (`L`, `S`, `Y`, `BD`, `D`, `F`) dropped, fractions truncated (kept with
+    `real`)."""
     text = text.rstrip("LlSsYyDdFf").removesuffix("B").removesuffix("b")
     if not re.fullmatch(r"[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]{1,4})?|\.[0-9]+([eE][-+]?[0-9]{1,4})?", text):
         raise _NotConstant
     try:
+        if real:
+            return float(text)
         return int(float(text)) if any(c in text for c in ".eE") else int(text)
     except (ValueError, OverflowError) as err:
         raise _NotConstant from err

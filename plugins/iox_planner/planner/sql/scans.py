@@ -116,14 +116,19 @@ def own_nodes(select: exp.Expr) -> list[exp.Expr]:
     return [node for node in select.walk(prune=nested) if not nested(node)]
 
 
+def sql_schema(tables: Mapping[str, TableSchema]) -> MappingSchema:
+    """The tables' columns and their Spark SQL types, as sqlglot's analysis reads them."""
+    mapping: dict[str, object] = {
+        name: {c: SPARK_SQL_TYPES[schema.columns.get(c, ColumnType.TIME)] for c in schema.star_columns}
+        for name, schema in tables.items()}
+    return MappingSchema(mapping, dialect=SPARK, normalize=False)
+
+
 def qualify_query(statement: exp.Query, tables: Mapping[str, TableSchema]) -> tuple[exp.Query, bool]:
     """The query with every column qualified by its source and every star expanded (for the analysis only).
     Returns (qualified, lenient): lenient when a column sqlglot cannot resolve is one Spark may still resolve (a
     field of a struct column, `window.start`), in which case every reference reads all its columns."""
-    mapping: dict[str, object] = {
-        name: {c: SPARK_SQL_TYPES[schema.columns.get(c, ColumnType.TIME)] for c in schema.star_columns}
-        for name, schema in tables.items()}
-    schema = MappingSchema(mapping, dialect=SPARK, normalize=False)
+    schema = sql_schema(tables)
     copy = _aliased(_clock_words_as_calls(statement.copy(), tables))
     try:
         return qualify(copy, dialect=SPARK, schema=schema, quote_identifiers=False, identify=False), False

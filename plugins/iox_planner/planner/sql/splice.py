@@ -9,7 +9,8 @@ The edits, and nothing else:
 - each star that would see a column iox-batch adds gets `EXCEPT (...)` naming those columns;
 - pinned clocks become the planning time (`clocks.py`);
 - time columns passed through get their exact nanoseconds (`nanoseconds.py`): hidden items appended to SELECT
-  lists, tie-breaks after ORDER BY items, an alias for a derived table that had none.
+  lists, tie-breaks after ORDER BY items, an alias for a derived table that had none;
+- sizes computed from the data get their run-time guard (`guards.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from iox_planner.model import NS_PREFIX, TIME, time_ns_column
 from iox_planner.planner.predicate import identifier, to_sql
 from iox_planner.planner.sql.clocks import CLOCK, clock_text
 from iox_planner.planner.sql.nanoseconds import NsEdits
-from iox_planner.planner.sql.parse import CALL, CLOSE, ITEMS_END, ORDER_END, Source, span
+from iox_planner.planner.sql.parse import CALL, CLOSE, GUARD, ITEMS_END, ORDER_END, Source, span
 from iox_planner.planner.sql.scans import NODE, REF, Analysis, ScanRequest, own_nodes
 
 # Several insertions at one offset go in this order.
@@ -63,13 +64,14 @@ class Splicer:
     """Works out the edits of one analyzed query."""
 
     def __init__(self, statement: exp.Query, source: Source, front: Analysis, scans: Sequence[ScanRequest],
-                 nanos: NsEdits, now_ns: int) -> None:
+                 nanos: NsEdits, now_ns: int, guards: Sequence[Edit] = ()) -> None:
         self.statement = statement
         self.source = source
         self.front = front
         self.scans = scans
         self.nanos = nanos
         self.now_ns = now_ns
+        self.guards = tuple(guards)
         self.written: dict[int, exp.Expr] = {}
         for node in statement.find_all(exp.Select, exp.Subquery):
             if NODE in node.meta:
@@ -79,21 +81,23 @@ class Splicer:
             if NODE in scope.expression.meta:
                 self.scope_of.setdefault(int(scope.expression.meta[NODE]), scope)
 
-    def spark_sql(self, *, clocks: bool = True) -> str:
+    def spark_sql(self, *, clocks: bool = True, guards: bool = True) -> str:
         edits = [*self._views(), *self._stars(), *self._nanoseconds()]
         if clocks:
             edits += self._clocks()
+        if guards:
+            edits += self.guards
         return apply(self.source.sql, edits)
 
     def clock_in_unnamed_output(self) -> bool:
-        """Whether a pinned clock sits in a result column Spark names after its text (no alias): its name would
-        change with the edit, so the job takes the names from the text without that edit."""
+        """Whether a pinned clock or a size guard sits in a result column Spark names after its text (no alias):
+        its name would change with the edit, so the job takes the names from the text without those edits."""
         first: exp.Expr = self.statement
         while isinstance(first, exp.SetOperation):
             first = first.this
         if not isinstance(first, exp.Select):
             return False
-        return any(not isinstance(item, exp.Alias) and any(CLOCK in n.meta for n in item.walk())
+        return any(not isinstance(item, exp.Alias) and any(CLOCK in n.meta or GUARD in n.meta for n in item.walk())
                    for item in first.expressions)
 
     # -- table references ------------------------------------------------------------------------------------
