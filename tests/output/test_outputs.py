@@ -97,6 +97,14 @@ def test_spark_submit_gives_the_same_rows_as_in_process(spark: Any, data: str, t
     assert [json.loads(line) for line in out.read_text().splitlines()] == EXPECTED
 
 
+def test_whole_days_just_outside_the_range_bound_nothing(spark: Any, data: str) -> None:
+    """Probe: these bounds ended in "An exception was thrown from the Python worker" (past int64)."""
+    result = cli("query", "--db", data, SQL, "--format", "jsonl", "--time-start", "1677-09-21T00:00:00Z",
+                 "--time-end", "2262-04-12T00:00:00Z")
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line) for line in result.stdout.splitlines()] == EXPECTED
+
+
 def test_explain_analyze_shows_metrics(spark: Any, data: str) -> None:
     result = cli("explain", "--analyze", "--db", data, "SELECT * FROM m")
     assert result.returncode == 0, result.stderr
@@ -112,6 +120,9 @@ def test_explain_analyze_shows_metrics(spark: Any, data: str) -> None:
     (["--format", "table", "--output", "/tmp/x"], "terminal"),
     (["--time-start", "2024-01-02T00:00:00Z", "--time-end", "2024-01-01T00:00:00Z"], "is not before its end"),
     (["--time-start", "yesterday"], "not an RFC 3339 time"),
+    (["--time-start", "2024-01-01T00:00:00+25:00"], "offsets run from -23:59 to +23:59"),  # published 0 rows
+    (["--time-end", "2024-01-01T00:00:00Z "], "not an RFC 3339 time"),
+    (["--time-start", "2262-04-12T00:00:00Z"], "after the last time data may have (1677-09-22T00:00:00Z to "),
     (["--param", "novalue"], "NAME=VALUE"),
 ])
 def test_bad_query_options(catalog: Catalog, data: str, args: list[str], needle: str) -> None:
@@ -140,7 +151,8 @@ VARIANTS = {
     "sqlnull": "CAST(NULL AS VARIANT)",
     "ts": "CAST(TIMESTAMP '2024-01-01 00:00:01.5' AS VARIANT)",
 }
-NESTED = {"arr": ["parse_json('1')", "parse_json('\"s\"')"], "st": "parse_json('[1,2]')", "mp": "parse_json('{\"z\":2.50}')"}
+NESTED = {"arr": ["parse_json('1')", "parse_json('\"s\"')"], "st": "parse_json('[1,2]')",
+          "mp": "parse_json('{\"z\":2.50}')"}
 VARIANT_SQL = ("SELECT t, " + ", ".join(f"{e} AS {n}" for n, e in VARIANTS.items())
                + f", array({', '.join(NESTED['arr'])}) AS arr, named_struct('x', {NESTED['st']}, 'y', 3) AS st, "
                f"map('k', {NESTED['mp']}) AS mp FROM m ORDER BY t")
@@ -191,7 +203,8 @@ def test_variant_explode_prints_json_text(spark: Any, data: str) -> None:
     result = cli("query", "--db", data, sql, "--format", "csv")
     assert result.returncode == 0, result.stderr
     assert list(csv.reader(result.stdout.splitlines())) == [
-        ["key", "value"], ["a", _to_json(spark, "parse_json('[1,2.50]')")], ["b", _to_json(spark, "parse_json('\"x\"')")]]
+        ["key", "value"], ["a", _to_json(spark, "parse_json('[1,2.50]')")],
+        ["b", _to_json(spark, "parse_json('\"x\"')")]]
 
 
 def test_variant_through_the_arrow_file_spark_submit_hands_back(spark: Any, tmp_path: Path) -> None:

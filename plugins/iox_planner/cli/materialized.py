@@ -18,7 +18,7 @@ from iox_planner.runs import refresh as refresh_mod
 from iox_planner.runs.definitions import MaterializedQuery, load_definitions
 from iox_planner.runs.settings import RunSettings
 from iox_planner.runs.staging import RunIdentity
-from iox_planner.timeutil import format_time, parse_time
+from iox_planner.timeutil import format_time, parse_range
 from iox_planner.spark.launch import Launcher
 
 
@@ -60,13 +60,10 @@ def status(args: argparse.Namespace, console: Any) -> int:
 def refresh(args: argparse.Namespace, console: Any) -> int:
     from iox_planner.catalog.store import open_catalog
 
+    lo, hi = parse_range(args.from_, args.to, start_what="--from", end_what="--to")
     settings = RunSettings.from_env()
     every = load_definitions(settings.materialized_dir)
     refresh_mod.pick(every, args.name)
-    lo = parse_time(args.from_, what="--from") if args.from_ else None
-    hi = parse_time(args.to, what="--to") if args.to else None
-    if lo is not None and hi is not None and lo >= hi:
-        raise BadInputError(f"--from {args.from_} is not before --to {args.to}")
     # The definition, then whatever reads its registered table, in chain order: a rollup of a rollup goes stale
     # only once its parent's intervals are re-registered, so each level's stale intervals are found after the
     # level before has been refreshed.
@@ -126,14 +123,12 @@ def run(args: argparse.Namespace, console: Any) -> int:
     interval another run holds fails alone (its run lock), and the others go on."""
     import datetime as dt
 
+    lo, hi = parse_range(args.from_, args.to, start_what="--from", end_what="--to")
     settings = RunSettings.from_env()
     definition = refresh_mod.pick(load_definitions(settings.materialized_dir), args.name)
-    lo = parse_time(args.from_, what="--from")
-    hi = parse_time(args.to, what="--to")
-    if lo >= hi:
-        raise BadInputError(f"--from {args.from_} is not before --to {args.to}")
     now = dt.datetime.now(dt.timezone.utc)
-    todo = [(a, b) for a, b in refresh_mod.scheduled_intervals(definition, now) if lo <= a and b <= hi]
+    todo = [(a, b) for a, b in refresh_mod.scheduled_intervals(definition, now)
+            if (lo is None or lo <= a) and (hi is None or b <= hi)]
     if not todo:
         raise BadInputError(f"no scheduled interval of {definition.name} ({definition.cron}, from "
                             f"{definition.start_date:%Y-%m-%dT%H:%M:%SZ}) lies within [{args.from_}, {args.to}) "
