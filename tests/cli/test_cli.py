@@ -127,8 +127,8 @@ def test_generate_reads_numbers_in_ascii_digits_only(catalog: Catalog, db: str, 
 
 
 @pytest.mark.parametrize("setting, needle", [
-    ({"IOX_CATALOG_URL": "bogus://"}, "names the 'bogus' database system"),
-    ({"IOX_CATALOG_URL": "sqlite:///catalog.db"}, "the catalog is PostgreSQL"),
+    ({"IOX_CATALOG_URL": "bogus://"}, "takes a Postgres URL"),
+    ({"IOX_CATALOG_URL": "sqlite:///catalog.db"}, "takes a Postgres URL"),
     ({"IOX_CATALOG_URL": "postgresql+nodriver://a@b/c"}, "not one SQLAlchemy can use"),
     ({"IOX_HOME": "/nonexistent-iox-home"}, "is not an iox-batch checkout"),
 ])

@@ -546,12 +546,13 @@ def _end_now(code: int) -> NoReturn:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from iox_planner.config import DEBUG
+    from iox_planner.config import DEBUG, check_environment
 
     func: Callable[[argparse.Namespace], int] = args.func
     debug = False
     try:
         debug = DEBUG.read()  # read first: a bad value is an error like any other
+        check_environment()  # then every other: bad configuration stops a command before it does anything
         _check_argv(args)
         _resolve_sql(args)
         return func(args)

@@ -77,16 +77,16 @@ class RunSettings:
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> RunSettings:
         root = project_root()
-        output_root = _path(config.OUTPUT_ROOT.read(environ), root / "output", root)
+        output_root = _path(config.OUTPUT_ROOT.read(environ), root / "output")
         values: dict[str, object] = {
             "output_root": output_root,
-            "materialized_dir": _path(config.MATERIALIZED_DIR.read(environ), root / "dags" / "materialized", root),
-            "bulk_load_root": _path(config.BULK_LOAD_ROOT.read(environ), root / "bulk", root),
+            "materialized_dir": _path(config.MATERIALIZED_DIR.read(environ), root / "dags" / "materialized"),
+            "bulk_load_root": _path(config.BULK_LOAD_ROOT.read(environ), root / "bulk"),
             **{name: number.read(environ) for name, number in _NUMBERS.items()},
             **{name: schedule.read(environ) for name, schedule in _SCHEDULES.items()},
             **{name: listed.read(environ) for name, listed in _DATABASES.items()},
         }
-        listed = [_path(Path(p).expanduser(), root, root) for p in config.OUTPUT_ROOTS.read(environ)]
+        listed = [Path(p).resolve() for p in config.OUTPUT_ROOTS.read(environ)]
         if listed:
             # The first listed root is where relative paths go, unless IOX_OUTPUT_ROOT names one explicitly.
             if config.OUTPUT_ROOT.read(environ) is None:
@@ -108,8 +108,6 @@ class RunSettings:
         return next((r for r in self.output_roots if path != r and path.is_relative_to(r)), None)
 
 
-def _path(value: Path | None, default: Path, root: Path) -> Path:
-    """A configured folder: unset, `default`; relative, under the project `root`; resolved."""
-    if value is None:
-        return default.resolve()
-    return (value if value.is_absolute() else root / value).resolve()
+def _path(value: Path | None, default: Path) -> Path:
+    """A configured folder (absolute: the registry refuses anything else), unset `default`; resolved."""
+    return (default if value is None else value).resolve()
