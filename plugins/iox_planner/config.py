@@ -708,6 +708,13 @@ REFRESH_SCHEDULE = _declare(Schedule(
     "IOX_REFRESH_SCHEDULE",
     "when `iox_refresh` looks for stale materialized intervals",
     "*/15 * * * *"))
+MAX_RUN_INTERVALS = _declare(Whole(
+    "IOX_MAX_RUN_INTERVALS",
+    "the most intervals of a definition one `iox-batch materialized run` or `refresh` takes (a year of hourly "
+    "ones: 8,760); more are refused before any runs",
+    10_000,
+    1,
+    1_000_000))
 REFRESH_CONCURRENCY = _declare(Whole(
     "IOX_REFRESH_CONCURRENCY",
     "how many stale intervals `iox_refresh` recomputes at once",

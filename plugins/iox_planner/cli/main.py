@@ -258,13 +258,13 @@ def cmd_materialized_refresh(args: argparse.Namespace) -> int:
     from iox_planner.cli.materialized import refresh
 
     # A dry run's list is what it is for; a real run reports refreshes already committed.
-    return refresh(args, out if args.dry_run else report)
+    return refresh(args, out if args.dry_run else report, err)
 
 
 def cmd_materialized_run(args: argparse.Namespace) -> int:
     from iox_planner.cli.materialized import run
 
-    return run(args, report)
+    return run(args, report, err)
 
 
 # --- argument parsing ----------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ _NUMBERS: Mapping[str, config.Whole] = {
     "max_spark_jobs": config.MAX_SPARK_JOBS, "spark_retries": config.SPARK_RETRIES,
     "spark_retry_delay_s": config.SPARK_RETRY_DELAY_S, "spark_fast_start_rows": config.SPARK_FAST_START_ROWS,
     "run_lock_ttl_s": config.RUN_LOCK_TTL_S, "persist_chunk_threshold": config.PERSIST_CHUNK_THRESHOLD,
-    "refresh_concurrency": config.REFRESH_CONCURRENCY,
+    "refresh_concurrency": config.REFRESH_CONCURRENCY, "max_run_intervals": config.MAX_RUN_INTERVALS,
 }
 _SCHEDULES: Mapping[str, config.Schedule] = {
     "persist_schedule": config.PERSIST_SCHEDULE, "compact_schedule": config.COMPACT_SCHEDULE,
@@ -42,6 +42,7 @@ class RunSettings:
     compact_databases: tuple[str, ...] = ()
     refresh_schedule: str = config.REFRESH_SCHEDULE.default
     refresh_concurrency: int = config.REFRESH_CONCURRENCY.default
+    max_run_intervals: int = config.MAX_RUN_INTERVALS.default
     output_root: Path = Path("output")
     materialized_dir: Path = Path("dags/materialized")
     output_roots: tuple[Path, ...] = ()
