@@ -95,3 +95,21 @@ def test_a_duration_is_taken_exactly(text: str) -> None:
 
     with pytest.raises(BadInputError, match="is not a duration"):
         parse_duration(text, what="--retention")
+
+
+@pytest.mark.parametrize("text", ["2024-01-01", "2024-01-01T00:00", "2024-01-01 00:00:00.5z",
+                                  "2024-01-01T00:00:00+0200", "2024-01-01T00", "2024-1-01",
+                                  "2024-01-01T00:00:00.1234567890Z", "x", "2024-01-01T00:00:00+25:00"])
+def test_the_dag_param_pattern_is_the_parser_s_form(text: str) -> None:
+    """`iox_query`'s time params are checked against `RFC3339_PATTERN` when a run is created: the same form the
+    parser reads (it alone then checks offsets, dates and the range)."""
+    import re
+
+    from iox_planner.timeutil import RFC3339_PATTERN
+
+    try:
+        parse_time(text)
+        parsed = True
+    except BadInputError as err:
+        parsed = "is not an RFC 3339 time" not in str(err)  # the form was read; a later check refused it
+    assert bool(re.search(RFC3339_PATTERN, text)) == parsed

@@ -24,10 +24,14 @@ TIME_RANGE = f"{FIRST_DAY}T00:00:00Z to {LAST_DAY}T23:59:59.999999999Z"
 """`TIME_MIN` to `TIME_MAX` as error messages show them."""
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
-_RFC3339 = re.compile(  # ASCII digits only: `\d` would take any script's digits, which int() then converts
+_RFC3339_FORM = (  # ASCII digits only: `\d` would take any script's digits, which int() then converts
     r"(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})(?:[Tt ](?P<h>[0-9]{2}):(?P<m>[0-9]{2})(?::(?P<s>[0-9]{2})"
     r"(?:\.(?P<frac>[0-9]{1,9}))?)?(?P<tz>[Zz]|[+-][0-9]{2}:?[0-9]{2})?)?"
 )
+_RFC3339 = re.compile(_RFC3339_FORM)
+RFC3339_PATTERN = "^" + re.sub(r"\?P<[a-z]+>", "?:", _RFC3339_FORM) + "$"
+"""The same form as a JSON Schema pattern (no named groups), for a DAG's params; `parse_time` has the last word
+(offsets, dates that do not exist, the range)."""
 MAX_OFFSET_S = 23 * 3600 + 59 * 60
 """RFC 3339's offsets: from -23:59 to +23:59."""
 

@@ -128,11 +128,11 @@ def query(args: argparse.Namespace, console: Any, err: Any) -> int:
 
 
 def parse_assignments(items: Sequence[str], what: str) -> dict[str, str]:
-    """`name=value` pairs from repeated options."""
+    """`name=value` pairs from repeated options, names taken exactly (` name` is not `name`)."""
     pairs: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise BadInputError(f"{what} {item!r} is not NAME=VALUE")
-        pairs[name.strip()] = value
+        pairs[name] = value
     return pairs

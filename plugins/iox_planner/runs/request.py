@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from iox_planner.catalog.changes import read_watermark
 from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
 from iox_planner.model import RunKey
@@ -95,6 +94,8 @@ class QueryRequest:
         if self.changes_since is not None and self.definition is not None:
             raise BadInputError("changes_since is for triggered queries; a materialized interval is computed whole")
         if self.changes_since is not None:
+            from iox_planner.catalog.changes import read_watermark  # SQLAlchemy: not at a DAG file's parse
+
             read_watermark(self.changes_since)  # its shape now; the catalog checks the rest when the run plans
 
     @staticmethod
