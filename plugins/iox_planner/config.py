@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 from iox_planner.errors import BadInputError
-from iox_planner.model import MAX_WRITE_POSITION
+from iox_planner.model import DB_NAME, MAX_WRITE_POSITION
 
 T = TypeVar("T")
 
@@ -57,7 +57,7 @@ def path_problem(text: str, *, storage: bool = False) -> str | None:
 
 
 def _database_problem(text: str) -> str | None:
-    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", text):
+    if not DB_NAME.fullmatch(text):
         return f"{text[:80]!r} is not a database name ([A-Za-z0-9_-]{{1,64}})"
     return None
 
@@ -284,9 +284,9 @@ class Listed(Setting[tuple[str, ...]]):
         return ()
 
     def parse(self, text: str, what: str | None = None) -> tuple[str, ...]:
-        if self.storage and "://" in self.checked(text, what):
+        if "://" in self.checked(text, what) and self.storage:
             raise self.refusal(text, what, why=OBJECT_STORAGE)
-        items = self.checked(text, what).split(self.separator)
+        items = text.split(self.separator)
         for item in items:
             problem = _form_problem(item) or (path_problem(item, storage=True) if self.storage else
                                               self.problem(item) if self.problem else None)

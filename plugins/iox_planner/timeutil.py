@@ -32,8 +32,6 @@ _RFC3339 = re.compile(_RFC3339_FORM)
 RFC3339_PATTERN = "^" + re.sub(r"\?P<[a-z]+>", "?:", _RFC3339_FORM) + "$"
 """The same form as a JSON Schema pattern (no named groups), for a DAG's params; `parse_time` has the last word
 (offsets, dates that do not exist, the range)."""
-MAX_OFFSET_S = 23 * 3600 + 59 * 60
-"""RFC 3339's offsets: from -23:59 to +23:59."""
 
 
 def partition_of(time_ns: int) -> str:
