@@ -18,11 +18,9 @@ from airflow.sdk import DAG, Param
 from iox_planner.runs.request import QueryRequest
 from iox_planner.runs.settings import RunSettings
 from iox_planner.spark.budget import MAX_QUERY_TIMEOUT_S
+from iox_planner.timeutil import RFC3339_PATTERN as RFC3339
 
 from iox_airflow.pipeline import query_tasks
-
-RFC3339 = (r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?"
-           r"([Zz]|[+-][0-9]{2}:?[0-9]{2})?)?$")
 
 PARAMS = {
     "db": Param(type="string", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The database to query."),

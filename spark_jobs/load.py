@@ -6,17 +6,43 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
+from pyspark.sql import types as T
 
 from iox_planner.errors import BadInputError
 from iox_planner.model import NS_PREFIX
 from spark_jobs.connect import executors_share_this_machine
-from spark_jobs.transform import q
+from spark_jobs.transform import has_variant, q, variants_as_json
 
 
 def result_to_arrow(result: DataFrame) -> Any:
-    """The whole result on the driver as an Arrow table (for text formats and the terminal)."""
-    return result.toArrow()
+    """The whole result on the driver as an Arrow table (for text formats and the terminal). A VARIANT, at the top
+    or inside an array, map or struct, comes as the JSON text Spark's own `to_json` makes of it, typed `arrow.json`
+    (so the text formats write it as JSON, not as a string), never as its binary encoding."""
+    fields = result.schema.fields
+    if not any(has_variant(f.dataType) for f in fields):
+        return result.toArrow()
+    table = variants_as_json(result).toArrow()
+    typed = [a.with_type(_json_typed(a.type, f.dataType)) for a, f in zip(table.schema, fields)]
+    return table.cast(pa.schema(typed, metadata=table.schema.metadata))
+
+
+def _json_typed(arrow: Any, spark: T.DataType) -> Any:
+    """Arrow type `arrow` of a column `variants_as_json` made from Spark type `spark`, its variants' strings as
+    `arrow.json`."""
+    if isinstance(spark, T.VariantType):
+        return pa.json_(arrow)
+    if isinstance(spark, T.ArrayType):
+        item = arrow.value_field
+        return pa.list_(item.with_type(_json_typed(item.type, spark.elementType)))
+    if isinstance(spark, T.MapType):
+        return pa.map_(arrow.key_field.with_type(_json_typed(arrow.key_type, spark.keyType)),
+                       arrow.item_field.with_type(_json_typed(arrow.item_type, spark.valueType)))
+    if isinstance(spark, T.StructType):
+        return pa.struct([arrow.field(i).with_type(_json_typed(arrow.field(i).type, f.dataType))
+                          for i, f in enumerate(spark.fields)])
+    return arrow
 
 
 def write_result(result: DataFrame, fmt: str, output: Path | None, stdout: Any) -> int:
@@ -29,8 +55,6 @@ def write_result(result: DataFrame, fmt: str, output: Path | None, stdout: Any) 
     if kind is OutputFormat.ARROW:
         if output is None:
             raise BadInputError("arrow output is a file: give --output PATH")
-        import pyarrow as pa
-
         from iox_planner.output.publish import staged_file
 
         arrow = result_to_arrow(result)

@@ -98,3 +98,46 @@ def to_view(df: DataFrame, ns_column: str) -> DataFrame:
     # Integer floor division: going through a double would lose the low bits of a nanosecond timestamp.
     micros = F.expr(f"({TIME} - pmod({TIME}, 1000)) div 1000")
     return df.select(*cols, F.timestamp_micros(micros).alias(TIME), F.col(TIME).alias(ns_column))
+
+
+def has_variant(dtype: T.DataType) -> bool:
+    """Whether `dtype` is VARIANT or holds one (in an array, a map, a struct)."""
+    if isinstance(dtype, T.VariantType):
+        return True
+    if isinstance(dtype, T.ArrayType):
+        return has_variant(dtype.elementType)
+    if isinstance(dtype, T.MapType):
+        return has_variant(dtype.keyType) or has_variant(dtype.valueType)
+    if isinstance(dtype, T.StructType):
+        return any(has_variant(f.dataType) for f in dtype.fields)
+    return False
+
+
+def variant_as_json(column: Column, dtype: T.DataType) -> Column:
+    """`column` of type `dtype` with every VARIANT in it, however deep, as Spark's own `to_json` text: what a
+    result's text formats print. Arrays, maps and structs keep their shape; only their variants become strings."""
+    if not has_variant(dtype):
+        return column
+    if isinstance(dtype, T.VariantType):
+        return F.to_json(column)
+    if isinstance(dtype, T.ArrayType):
+        return F.transform(column, lambda x: variant_as_json(x, dtype.elementType))
+    if isinstance(dtype, T.MapType):
+        keyed = (F.transform_keys(column, lambda k, _: variant_as_json(k, dtype.keyType))
+                 if has_variant(dtype.keyType) else column)
+        return F.transform_values(keyed, lambda _, v: variant_as_json(v, dtype.valueType))
+    assert isinstance(dtype, T.StructType), dtype
+    rebuilt = F.struct(*[variant_as_json(column.getField(f.name), f.dataType).alias(f.name) for f in dtype.fields])
+    return F.when(column.isNull(), F.lit(None)).otherwise(rebuilt)
+
+
+def variants_as_json(df: DataFrame) -> DataFrame:
+    """`df` with every VARIANT value as JSON text (`variant_as_json`); `df` itself when it holds none."""
+    fields = df.schema.fields
+    if not any(has_variant(f.dataType) for f in fields):
+        return df
+    # Renamed by position first: a result may hold two columns of one name (`SELECT a.x, b.x`).
+    slots = [f"_{i}" for i in range(len(fields))]
+    converted = df.toDF(*slots).select(*[variant_as_json(F.col(s), f.dataType).alias(s)
+                                         for s, f in zip(slots, fields)])
+    return converted.toDF(*df.columns)

@@ -10,47 +10,93 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 from iox_planner.errors import BadInputError
-from iox_planner.model import MAX_WRITE_POSITION
+from iox_planner.model import DB_NAME, MAX_WRITE_POSITION
 
 T = TypeVar("T")
 
 _WHOLE = re.compile(r"[0-9]+(?:_[0-9]+)*")
 """A whole number as Python writes one (`1_000_000`): ASCII digits, single underscores between them, no sign."""
 _MAX_DIGITS = 40
-_FLAG_ON = frozenset({"1", "true", "yes", "on"})
-_FLAG_OFF = frozenset({"0", "false", "no", "off"})
+_FLAG_ON = frozenset({"1", "true"})
+_FLAG_OFF = frozenset({"0", "false"})
 SCHEDULE_PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
                      "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *", "@quarterly": "0 0 1 */3 *",
                      "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *"}
+PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+"""A TCP port, 1 to 65535, as a regular expression."""
+_HOST = r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+"""How a URL starts (`s3:`, `file:`, `http:`): a path never does."""
+OBJECT_STORAGE = ("object storage is not supported yet, and a URL (s3://, gs://, file://, http://, ...) is not a "
+                  "folder: the warehouse and the outputs are local folders (a shared file system mounted as one "
+                  "included), given as absolute paths such as /data/warehouse")
 
 
 def whole_number(text: str) -> int | None:
     """`text` as a whole number by the one rule every setting and flag of whole numbers follows (ASCII digits,
-    single underscores between them as Python writes `1_000_000`, spaces around; no sign), else None."""
-    stripped = text.strip()
-    if len(stripped) > _MAX_DIGITS or not _WHOLE.fullmatch(stripped):
+    single underscores between them as Python writes `1_000_000`; nothing around them, no sign), else None."""
+    if not isinstance(text, str) or len(text) > _MAX_DIGITS or not _WHOLE.fullmatch(text):
         return None
-    return int(stripped)
+    return int(text)
+
+
+def path_problem(text: str, *, storage: bool = False) -> str | None:
+    """Why `text` is not a folder a setting may name (an absolute local path, written out), or None. `storage`:
+    the warehouse and output roots, whose URL gets object storage's word."""
+    if _SCHEME.match(text) or "://" in text:
+        return OBJECT_STORAGE if storage else "it is a URL, where a local folder is meant: give its absolute path"
+    if text.startswith("~"):
+        return "`~` is not expanded here (a shell expands it, a setting does not): write the absolute path"
+    if not text.startswith("/"):
+        return ("it is a relative path, which would mean another folder in every folder a command runs from: give "
+                "an absolute path")
+    return None
+
+
+def _database_problem(text: str) -> str | None:
+    if not DB_NAME.fullmatch(text):
+        return f"{text[:80]!r} is not a database name ([A-Za-z0-9_-]{{1,64}})"
+    return None
+
+
+def _point_problem(text: str) -> str | None:
+    if not re.fullmatch(r"[a-z_]+(?:\.[a-z_]+)+", text):
+        return f"{text[:80]!r} is not a kill point's name (as write.before_commit)"
+    return None
 
 
 def _shown(text: str) -> str:
     return repr(text[:40] + ("..." if len(text) > 40 else ""))
 
 
+def _form_problem(text: str, newlines: bool = False) -> str | None:
+    """What every value is refused for, whatever its kind: taken exactly, a value is never empty, never has
+    spaces around it, and holds no control character (newlines only where `newlines` lets items be separated)."""
+    if not text:
+        return "it is empty"
+    if text != text.strip():
+        return "it has spaces around it, and a value is taken exactly"
+    if any((ord(ch) < 32 and not (newlines and ch == "\n")) or 127 <= ord(ch) < 160 for ch in text):
+        return "it holds a control character"
+    return None
+
+
 @dataclass(frozen=True)
 class Setting(Generic[T]):
     """One variable: its name, a line saying what it does, its default as README shows it. `read` gives the value
-    (the default when unset or blank); `parse` reads a value given some other way (`--set name=value`)."""
+    (the default when unset); `parse` reads a value given some other way (`--set name=value`). Every value is
+    taken exactly: empty, with spaces around it or with control characters, it is refused, never read as the
+    default or as something near it."""
 
     name: str
     doc: str
 
     def read(self, environ: Mapping[str, str] | None = None) -> T:
         text = (os.environ if environ is None else environ).get(self.name)
-        if text is None or not text.strip():
+        if text is None:
             return self.default_value()
         return self.parse(text)
 
@@ -68,13 +114,23 @@ class Setting(Generic[T]):
     def allowed(self) -> str:
         raise NotImplementedError
 
-    def refusal(self, value: object, what: str | None = None, subject: str | None = None) -> BadInputError:
+    def refusal(self, value: object, what: str | None = None, subject: str | None = None,
+                why: str | None = None) -> BadInputError:
         """The one paragraph for a value this setting does not allow, given as `what` (default: the variable) for
-        `subject` (default: the variable; a planner setting's `--set` name, say)."""
+        `subject` (default: the variable; a planner setting's `--set` name, say), saying `why` where known."""
         shown = _shown(value) if isinstance(value, str) else repr(value)[:40]
         undo = "unset it" if what is None else "leave it out"
-        return BadInputError(f"{what or self.name}={shown} is not allowed: {subject or self.name} takes "
+        because = f" ({why})" if why else ""
+        return BadInputError(f"{what or self.name}={shown} is not allowed{because}: {subject or self.name} takes "
                              f"{self.allowed} ({self.doc}); {undo} for the default, {self.shown_default}")
+
+    def checked(self, text: str, what: str | None = None, subject: str | None = None,
+                newlines: bool = False) -> str:
+        """`text` if its form is one any value may have (`_form_problem`), else the one paragraph."""
+        problem = _form_problem(text, newlines) if isinstance(text, str) else "it is not text"
+        if problem is not None:
+            raise self.refusal(text, what, subject, problem)
+        return text
 
 
 @dataclass(frozen=True)
@@ -89,7 +145,7 @@ class Whole(Setting[int]):
         return self.default
 
     def parse(self, text: str, what: str | None = None, subject: str | None = None) -> int:
-        number = whole_number(text)
+        number = whole_number(self.checked(text, what, subject))
         if number is None:
             raise self.refusal(text, what, subject)
         return self.check(number, what, subject, shown=text)
@@ -112,7 +168,7 @@ class Whole(Setting[int]):
 
 @dataclass(frozen=True)
 class Choice(Setting[str]):
-    """One of a few words."""
+    """One of a few words, exactly as written."""
 
     default: str = ""
     choices: tuple[str, ...] = ()
@@ -121,9 +177,9 @@ class Choice(Setting[str]):
         return self.default
 
     def parse(self, text: str, what: str | None = None) -> str:
-        if text.strip() not in self.choices:
+        if self.checked(text, what) not in self.choices:
             raise self.refusal(text, what)
-        return text.strip()
+        return text
 
     @property
     def shown_default(self) -> str:
@@ -142,10 +198,9 @@ class Flag(Setting[bool]):
         return False
 
     def parse(self, text: str, what: str | None = None) -> bool:
-        word = text.strip().lower()
-        if word not in _FLAG_ON | _FLAG_OFF:
+        if self.checked(text, what) not in _FLAG_ON | _FLAG_OFF:
             raise self.refusal(text, what)
-        return word in _FLAG_ON
+        return text in _FLAG_ON
 
     @property
     def shown_default(self) -> str:
@@ -153,28 +208,29 @@ class Flag(Setting[bool]):
 
     @property
     def allowed(self) -> str:
-        return "1, true, yes or on; 0, false, no or off"
+        return "1 or true; 0 or false"
 
 
 @dataclass(frozen=True)
 class Text(Setting[str | None]):
-    """Free text (a URL, a Spark master, `key=value` pairs), without control characters; None when unset."""
+    """Text of one form (a URL, a Spark master, `key=value` pairs): `pattern`, which `form` says in words; None
+    when unset."""
 
     default: str = ""
     """What README shows for the default (the code decides it when the variable is unset)."""
-    pattern: str | None = None
-    """A regular expression the whole value must match, and `form` says it in words."""
+    pattern: str = ""
+    """A regular expression the whole value must match."""
     form: str = ""
+    newlines: bool = False
+    """Whether newlines may separate items of the value."""
 
     def default_value(self) -> str | None:
         return None
 
     def parse(self, text: str, what: str | None = None) -> str:
-        if any(ord(ch) < 32 and ch not in "\n\t" or ord(ch) == 127 for ch in text):
+        if not re.fullmatch(self.pattern, self.checked(text, what, newlines=self.newlines)):
             raise self.refusal(text, what)
-        if self.pattern is not None and not re.fullmatch(self.pattern, text.strip()):
-            raise self.refusal(text, what)
-        return text.strip()
+        return text
 
     @property
     def shown_default(self) -> str:
@@ -182,23 +238,25 @@ class Text(Setting[str | None]):
 
     @property
     def allowed(self) -> str:
-        return self.form or "text without control characters"
+        return self.form
 
 
 @dataclass(frozen=True)
 class Folder(Setting[Path | None]):
-    """A path (`~` expanded), None when unset; its reader says what a relative one is relative to."""
+    """An absolute path, written out (no `~`, no URL), None when unset. `storage`: a folder object storage would
+    replace one day (the warehouse, the output roots), whose URL is refused with that word."""
 
     default: str = ""
+    storage: bool = False
 
     def default_value(self) -> Path | None:
         return None
 
     def parse(self, text: str, what: str | None = None) -> Path:
-        stripped = text.strip()
-        if "\0" in stripped or any(ord(ch) < 32 for ch in stripped):
-            raise self.refusal(text, what)
-        return Path(stripped).expanduser()
+        problem = path_problem(self.checked(text, what), storage=self.storage)
+        if problem is not None:
+            raise self.refusal(text, what, why=problem)
+        return Path(text)
 
     @property
     def shown_default(self) -> str:
@@ -206,23 +264,35 @@ class Folder(Setting[Path | None]):
 
     @property
     def allowed(self) -> str:
-        return "a path"
+        return "an absolute path"
 
 
 @dataclass(frozen=True)
 class Listed(Setting[tuple[str, ...]]):
-    """Items separated by `separator` (blanks dropped); () when unset."""
+    """Items separated by `separator`, each taken exactly and checked by `problem`; () when unset. `storage`: the
+    items are output roots, absolute paths (`path_problem`), and a URL anywhere gets object storage's word (its
+    `://` would be cut at the `:` separator into parts that look like paths)."""
 
     default: str = ""
     separator: str = ","
+    item: str = "names"
+    """What each item is, in words."""
+    problem: Callable[[str], str | None] | None = None
+    storage: bool = False
 
     def default_value(self) -> tuple[str, ...]:
         return ()
 
     def parse(self, text: str, what: str | None = None) -> tuple[str, ...]:
-        if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
-            raise self.refusal(text, what)
-        return tuple(item.strip() for item in text.split(self.separator) if item.strip())
+        if "://" in self.checked(text, what) and self.storage:
+            raise self.refusal(text, what, why=OBJECT_STORAGE)
+        items = text.split(self.separator)
+        for item in items:
+            problem = _form_problem(item) or (path_problem(item, storage=True) if self.storage else
+                                              self.problem(item) if self.problem else None)
+            if problem is not None:
+                raise self.refusal(text, what, why=f"item {_shown(item)}: {problem}" if item else "an empty item")
+        return tuple(items)
 
     @property
     def shown_default(self) -> str:
@@ -231,7 +301,7 @@ class Listed(Setting[tuple[str, ...]]):
     @property
     def allowed(self) -> str:
         sep = "`os.pathsep` (`:`)" if self.separator == os.pathsep else f"`{self.separator}`"
-        return f"a list separated by {sep}"
+        return f"{self.item} separated by {sep}"
 
 
 @dataclass(frozen=True)
@@ -244,9 +314,9 @@ class Schedule(Setting[str]):
         return self.default
 
     def parse(self, text: str, what: str | None = None) -> str:
-        if schedule_problem(text.strip()):
+        if schedule_problem(self.checked(text, what)):
             raise self.refusal(text, what)
-        return text.strip()
+        return text
 
     @property
     def shown_default(self) -> str:
@@ -294,13 +364,16 @@ HOME = _declare(Folder(
     "the checkout this package runs from"))
 WAREHOUSE = _declare(Folder(
     "IOX_WAREHOUSE",
-    "where the Parquet chunk files live",
-    "`warehouse/` in the project"))
+    "where the Parquet chunk files live (a local folder: object storage is not supported yet)",
+    "`warehouse/` in the project",
+    storage=True))
 CATALOG_URL = _declare(Text(
     "IOX_CATALOG_URL",
     "the catalog's SQLAlchemy URL",
     "the project's own local Postgres, started on demand (state in `.iox/postgres.json`; as root its data lives "
-    "under `/var/tmp/iox-batch/`, owned by `postgres`)"))
+    "under `/var/tmp/iox-batch/`, owned by `postgres`)",
+    pattern=r"postgresql(\+[a-z0-9_]+)?://[^\s]+",
+    form="a Postgres URL, `postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DATABASE`"))
 PG_BIN = _declare(Folder(
     "IOX_PG_BIN",
     "the folder of the local Postgres' `initdb` and `pg_ctl`",
@@ -308,12 +381,15 @@ PG_BIN = _declare(Folder(
 OUTPUT_ROOT = _declare(Folder(
     "IOX_OUTPUT_ROOT",
     "where triggered and materialized runs' relative output paths go; an output root",
-    "`output/` in the project"))
+    "`output/` in the project",
+    storage=True))
 OUTPUT_ROOTS = _declare(Listed(
     "IOX_OUTPUT_ROOTS",
     "every folder runs may write under; the first takes relative paths unless IOX_OUTPUT_ROOT is set",
     "`IOX_OUTPUT_ROOT`",
-    os.pathsep))
+    os.pathsep,
+    "absolute paths",
+    storage=True))
 MATERIALIZED_DIR = _declare(Folder(
     "IOX_MATERIALIZED_DIR",
     "the folder of materialized query definitions (`*.yaml`)",
@@ -329,13 +405,16 @@ SPARK_MASTER = _declare(Text(
     "IOX_SPARK_MASTER",
     "the Spark master of every session and spark-submit",
     "`local[*]`",
-    pattern=r"local(\[(\*|[1-9][0-9]{0,3})(,[0-9]{1,3})?\])?|spark://[A-Za-z0-9.-]+:[0-9]{1,5}(,[A-Za-z0-9.-]+:[0-9]{1,5})*"
-            r"|yarn|k8s://https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?",
+    pattern=rf"local(\[(\*|[1-9][0-9]{{0,3}})(,[0-9]{{1,3}})?\])?|spark://{_HOST}:{PORT}(,{_HOST}:{PORT})*"
+            rf"|yarn|k8s://https?://{_HOST}(:{PORT})?",
     form="`local`, `local[N]`, `local[*]`, `spark://host:port[,host:port...]`, `yarn` or `k8s://https://host:port`"))
 SPARK_CONF = _declare(Text(
     "IOX_SPARK_CONF",
     "extra Spark settings, `key=value` separated by commas, semicolons or newlines",
-    "none"))
+    "none",
+    pattern=r"[A-Za-z][A-Za-z0-9_.-]*=[^,;\n]*(?:[,;\n][A-Za-z][A-Za-z0-9_.-]*=[^,;\n]*)*",
+    form="`key=value` pairs (a key of letters, digits, `.`, `_`, `-`) separated by `,`, `;` or newlines",
+    newlines=True))
 RUNNER = _declare(Choice(
     "IOX_RUNNER",
     "how the CLI runs Spark jobs: one SparkSession in its own process, spark-submit, or a session on a warm Spark "
@@ -348,14 +427,18 @@ SPARK_REMOTE = _declare(Text(
     "IOX_SPARK_REMOTE",
     "with IOX_RUNNER=connect: the Spark Connect server, `sc://HOST:PORT` and nothing else",
     "the project's own server (`iox-batch spark start`, or started on the first query; state in "
-    "`.iox/spark-connect.json`)"))
+    "`.iox/spark-connect.json`)",
+    pattern=rf"sc://(?:{_HOST}|\[[0-9A-Fa-f:.]+\]):{PORT}/?",
+    form="`sc://HOST:PORT` (a port from 1 to 65535)"))
 SPARK_GATE_TOKEN = _declare(Text(
     "IOX_SPARK_GATE_TOKEN",
     "the Connect server's token, one for both its ports: Spark Connect's own (`spark.connect.authenticate.token`) "
     "and its gate endpoint's (the last gate's parse); a client without it runs nothing there. Required with "
     "IOX_SPARK_REMOTE, and the one `iox-batch spark start` gives its server when set; 32 to 512 printable ASCII "
     "characters, no spaces (`openssl rand -hex 32`)",
-    "for the project's own server a random one per start, in `.iox/spark-connect.json` (mode 0600)"))
+    "for the project's own server a random one per start, in `.iox/spark-connect.json` (mode 0600)",
+    pattern=r"[!-~]{32,512}",
+    form="32 to 512 printable ASCII characters, no spaces"))
 SPARK_TLS_CA = _declare(Folder(
     "IOX_SPARK_TLS_CA",
     "with IOX_SPARK_REMOTE: reach that server over TLS (gRPC, and HTTPS for its gate), through a TLS-terminating "
@@ -607,7 +690,9 @@ COMPACT_SCHEDULE = _declare(Schedule(
 COMPACT_DATABASES = _declare(Listed(
     "IOX_COMPACT_DATABASES",
     "the databases `iox_compact` compacts",
-    "all"))
+    "all",
+    item="database names",
+    problem=_database_problem))
 PERSIST_SCHEDULE = _declare(Schedule(
     "IOX_PERSIST_SCHEDULE",
     "when `iox_persist` looks for piled-up ingester chunks",
@@ -621,7 +706,9 @@ PERSIST_CHUNK_THRESHOLD = _declare(Whole(
 PERSIST_DATABASES = _declare(Listed(
     "IOX_PERSIST_DATABASES",
     "the databases `iox_persist` looks at",
-    "all"))
+    "all",
+    item="database names",
+    problem=_database_problem))
 
 # Runs
 RUN_LOCK_TTL_S = _declare(Whole(
@@ -635,6 +722,13 @@ REFRESH_SCHEDULE = _declare(Schedule(
     "IOX_REFRESH_SCHEDULE",
     "when `iox_refresh` looks for stale materialized intervals",
     "*/15 * * * *"))
+MAX_RUN_INTERVALS = _declare(Whole(
+    "IOX_MAX_RUN_INTERVALS",
+    "the most intervals of a definition one `iox-batch materialized run` or `refresh` takes (a year of hourly "
+    "ones: 8,760); more are refused before any runs",
+    10_000,
+    1,
+    1_000_000))
 REFRESH_CONCURRENCY = _declare(Whole(
     "IOX_REFRESH_CONCURRENCY",
     "how many stale intervals `iox_refresh` recomputes at once",
@@ -649,11 +743,22 @@ DEBUG = _declare(Flag(
 FAULT_KILL_AT = _declare(Text(
     "IOX_FAULT_KILL_AT",
     "fault tests only: the kill point (`faults.py`) where the process kills its own group",
-    "none"))
+    "none",
+    pattern=r"[a-z_]+(?:\.[a-z_]+)+",
+    form="a kill point's name, as `write.before_commit`"))
 FAULT_PAUSE_AT = _declare(Listed(
     "IOX_FAULT_PAUSE_AT",
     "fault tests only: the kill points where the process stops itself until continued",
-    "none"))
+    "none",
+    item="kill points' names",
+    problem=_point_problem))
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Every variable set in the environment read once, the first bad value refused with its one paragraph: a
+    command starts only with a configuration it can honour, whatever part of it the command would use."""
+    for setting in SETTINGS.values():
+        setting.read(environ)
 
 
 def markdown_table(settings: Sequence[Setting[Any]] | None = None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
@@ -15,6 +16,9 @@ WRITE_SEQ = "__seq"
 """Stored column of an ingester chunk: each row's write position inside its chunk (later wins)."""
 
 TIME = "time"
+
+DB_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # always with fullmatch: `$` would let a trailing newline through
+"""A database's name (catalog/names.py `check_db_name`; the settings that list databases)."""
 
 WRITE_ORDER = "__write_order"
 """Stored column of a persisted or compacted Parquet file: per row, the order of the newest write of its key (the

@@ -68,6 +68,7 @@ def test_bad_input_fails_in_the_plan_task_and_publishes_nothing(dag_runner: DagR
         "not_select": ({"sql": "DELETE FROM h2o WHERE state = 'CA'"}, "SELECT"),
         "end_before_start": ({"time_start": "2024-01-02T00:00:00Z", "time_end": "2024-01-01T00:00:00Z"},
                              "is not before its end"),
+        "impossible_offset": ({"time_start": "2024-01-01T00:00:00+25:00"}, "which no place has"),  # 0 rows before
         "unknown_db": ({"db": "no_such_db_here"}, "does not exist"),
         "unknown_table": ({"sql": "SELECT * FROM no_such_table"}, "no_such_table"),
         "unbound_param": ({"sql": "SELECT * FROM h2o WHERE city = :city"}, ":city"),

@@ -127,8 +127,8 @@ def test_generate_reads_numbers_in_ascii_digits_only(catalog: Catalog, db: str, 
 
 
 @pytest.mark.parametrize("setting, needle", [
-    ({"IOX_CATALOG_URL": "bogus://"}, "names the 'bogus' database system"),
-    ({"IOX_CATALOG_URL": "sqlite:///catalog.db"}, "the catalog is PostgreSQL"),
+    ({"IOX_CATALOG_URL": "bogus://"}, "takes a Postgres URL"),
+    ({"IOX_CATALOG_URL": "sqlite:///catalog.db"}, "takes a Postgres URL"),
     ({"IOX_CATALOG_URL": "postgresql+nodriver://a@b/c"}, "not one SQLAlchemy can use"),
     ({"IOX_HOME": "/nonexistent-iox-home"}, "is not an iox-batch checkout"),
 ])
@@ -140,3 +140,39 @@ def test_a_catalog_url_or_home_that_cannot_work_is_one_paragraph(tmp_path: Path,
     assert_one_paragraph_error(result, needle)
     assert result.returncode == 2, result.stderr
     assert not Path("/nonexistent-iox-home").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--retention", ""], "--retention '' is empty"),  # was a database kept forever
+    (["--retention", "-1d"], "--retention '-1d' is not a duration"),  # was argparse's usage line
+    (["--retention", "-30d"], "--retention '-30d' is not a duration"),
+    (["--retention", " 30d"], "--retention ' 30d' is not a duration"),
+    (["--retention", "30d "], "--retention '30d ' is not a duration"),
+    (["--retention", "NONE"], "--retention 'NONE' is not a duration"),
+    (["--retention", "none "], "--retention 'none ' is not a duration"),
+])
+def test_a_retention_is_taken_exactly(catalog: Catalog, args: list[str], needle: str) -> None:
+    import uuid
+
+    name = f"ret_{uuid.uuid4().hex[:8]}"
+    result = run_cli("database", "create", name, *args)
+    assert_one_paragraph_error(result, needle)
+    assert result.returncode == 2 and "usage:" not in result.stderr
+    with catalog.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM iox_database WHERE name = %s", (name,)).scalar() == 0
+    assert_one_paragraph_error(run_cli("database", "update", "demo", *args), needle)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["query", "--db", "x", "SELECT 1", "--time-start", "-1h"], "--time-start '-1h' is not an RFC 3339 time"),
+    (["query", "--db", "x", "SELECT 1", "--time-end", "-2024-01-01"], "--time-end '-2024-01-01' is not an RFC"),
+    (["query", "--db", "x", "SELECT 1", "--changes-since", "-1"], "'-1' is not a watermark"),
+    (["query", "--db", "x", "SELECT 1", "--timeout", "-5"], "--timeout '-5' is not allowed"),
+    (["materialized", "run", "x", "--from", "-1d", "--to", "2024-01-01"], "--from '-1d' is not an RFC 3339 time"),
+    (["generate", "--db", "x", "--start", "-1d"], "--start '-1d' is not an RFC 3339 time"),
+])
+def test_a_time_or_duration_starting_with_a_dash_gets_its_own_paragraph(catalog: Catalog, args: list[str],
+                                                                       needle: str) -> None:
+    result = run_cli(*args)
+    assert_one_paragraph_error(result, needle)
+    assert "usage:" not in result.stderr

@@ -227,12 +227,30 @@ def test_a_schedule_is_five_cron_fields_or_a_preset(schedule: str) -> None:
 
 
 @pytest.mark.parametrize(("schedule", "start"), [("0 0 30 2 *", "2024-01-01"), ("0 0 31 4 *", "2024-01-01"),
-                                                 ("15 3 31 6,9,11 *", "2024-01-01"), ("@yearly", "9999-06-01")])
+                                                 ("15 3 31 6,9,11 *", "2024-01-01")])
 def test_a_schedule_that_never_fires_is_refused_when_the_definition_loads(schedule: str, start: str) -> None:
     """croniter accepts these and fails only when asked for the next tick: at every status call and DAG parse."""
     with pytest.raises(BadInputError, match=f"`schedule`: '{re.escape(schedule)}' never fires from start_date "
                                             f"{start} on: no date before the year 10000 matches it"):
         parse_definition({**GOOD, "schedule": schedule, "start_date": start}, "cpu.yaml")
+
+
+@pytest.mark.parametrize("key, value", [("start_date", "9999-06-01"), ("start_date", dt.date(1600, 1, 1)),
+                                        ("start_date", dt.datetime(2262, 4, 11, tzinfo=dt.timezone.utc)),
+                                        ("end_date", "2262-04-12T00:00:00Z"),
+                                        ("start_date", "2024-01-01T00:00:00+25:00")])
+def test_a_date_no_interval_bound_can_hold_is_refused_when_the_definition_loads(key: str, value: object) -> None:
+    """Each interval's bounds are nanoseconds in the catalog's bigint: a start in 1600 or 9999 would fail every run
+    in psycopg2's "bigint out of range" (or, with `@yearly` from 9999, never fire)."""
+    with pytest.raises(BadInputError, match=f"`{key}`: {key} .* (is outside the times iox-batch holds|has the UTC "
+                                            "offset)"):
+        parse_definition({**GOOD, key: value}, "cpu.yaml")
+
+
+@pytest.mark.parametrize("schedule", ["@hourly ", " @hourly", "@HOURLY", 5])
+def test_a_schedule_is_taken_exactly(schedule: object) -> None:
+    with pytest.raises(BadInputError, match="`schedule`: "):
+        parse_definition({**GOOD, "schedule": schedule}, "cpu.yaml")
 
 
 def test_a_schedule_that_fires_rarely_is_a_schedule() -> None:

@@ -115,3 +115,23 @@ def test_a_triggered_run_refused_at_planning_leaves_no_folder(catalog: Catalog, 
         with pytest.raises(RunFailed):
             plan(request, run, settings)
         assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == ["kept"]
+
+
+def test_a_run_over_whole_days_just_outside_the_range_plans_and_is_recorded(catalog: Catalog, db: str,
+                                                                           tmp_path: Path) -> None:
+    """Probe: `time_start 1677-09-21T00:00:00Z`, `time_end 2262-04-12T00:00:00Z` ended the plan task in
+    psycopg2's "bigint out of range" with no run recorded. The range is open on both sides, as recorded."""
+    root = tmp_path / "out"
+    root.mkdir()
+    settings = RunSettings(output_root=root, output_roots=(root,))
+    write_line_protocol(catalog, db, f"cpu,host=a v=1 {T0 + 1}")
+    request = QueryRequest.from_params({"db": db, "sql": "SELECT host, v FROM cpu", "output": "x.jsonl",
+                                        "format": "jsonl", "time_start": "1677-09-21T00:00:00Z",
+                                        "time_end": "2262-04-12T00:00:00Z"}, settings)
+    run = RunIdentity("iox_query", f"test__{uuid.uuid4().hex[:8]}")
+    outcome = plan(request, run, settings)
+    recorded = runs.find_run(catalog, run.dag_id, run.run_id)
+    assert recorded is not None and recorded["status"] == "running"
+    assert (recorded["params"]["time_start"], recorded["params"]["time_end"]) == (None, None)
+    assert outcome.summary["chunks_scanned"] == 1
+    fail(request, run, outcome.handle(), "test over")  # releases the lock and the staging folder

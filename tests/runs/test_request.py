@@ -126,3 +126,33 @@ def test_run_failed_is_an_iox_error_with_its_cause_s_exit_status() -> None:
     failed = RunFailed("the catalog was unreachable", 75)
     assert isinstance(failed, IoxError) and failed.exit_code == 75 and str(failed) == "the catalog was unreachable"
     assert RunFailed("x").exit_code == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"time_start": "2024-01-01T00:00:00+25:00"}, "has the UTC offset +25:00, which no place has"),
+    ({"time_end": "2024-01-01T00:00:00-24:00"}, "has the UTC offset -24:00, which no place has"),
+    ({"time_start": "2024-01-01T00:00:00Z "}, "is not an RFC 3339 time"),
+    ({"time_start": ""}, "is not an RFC 3339 time"),
+    ({"time_start": "2262-04-12T00:00:00Z"}, "is after the last time data may have (1677-09-22T00:00:00Z to "),
+    ({"changes_since": "beginning "}, "is not a watermark"),
+    ({"changes_since": "Beginning"}, "is not a watermark"),
+    ({"changes_since": " W1-1-5-0123456789abcdef"}, "is not a watermark"),
+    ({"changes_since": ""}, "is not a watermark"),
+    ({"format": "jsonl "}, "is not an output format"),
+])
+def test_params_are_taken_exactly_and_times_within_what_they_can_mean(tmp_path: Path, change: dict[str, object],
+                                                                     message: str) -> None:
+    """Probes: `time_start` with `+25:00` published 0 rows; `changes_since: "beginning "` was read as beginning."""
+    params = {"db": "demo", "sql": QUERY, "output": "x.jsonl", "format": "jsonl", **change}
+    with pytest.raises(BadInputError) as err:
+        QueryRequest.from_params(params, _settings(tmp_path))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_whole_days_just_outside_the_range_leave_it_open(tmp_path: Path) -> None:
+    params = {"db": "demo", "sql": QUERY, "output": "x.jsonl", "format": "jsonl", "changes_since": "beginning",
+              "time_start": "1677-09-21T00:00:00Z", "time_end": "2262-04-12T00:00:00Z"}
+    request = QueryRequest.from_params(params, _settings(tmp_path))
+    assert (request.time_start, request.time_end, request.changes_since) == (None, None, "beginning")
+    request = QueryRequest.from_params({**params, "time_end": "2024-01-01T01:00:00+01:00"}, _settings(tmp_path))
+    assert (request.time_start, request.time_end) == (None, 1_704_067_200_000_000_000)

@@ -142,3 +142,23 @@ def test_an_unknown_dedup_strategy_is_one_paragraph(monkeypatch: Any) -> None:
     assert dedup_strategy("window") is Strategy.WINDOW
     monkeypatch.setenv("IOX_DEDUP_STRATEGY", "shared")
     assert dedup_strategy() is Strategy.SHARED
+
+
+def test_variants_become_their_json_text_wherever_they_are(spark: Any) -> None:
+    """`variants_as_json`: each VARIANT, at the top or in an array, struct or map, as the text Spark's `to_json`
+    writes (here written out by hand); an SQL NULL stays NULL, JSON null is the text null; columns of one name and
+    every other value are kept as they are."""
+    from pyspark.testing import assertDataFrameEqual
+
+    from spark_jobs.transform import variants_as_json
+
+    df = spark.sql("SELECT parse_json('{\"b\":2.50,\"a\":[1e3]}') AS v, array(parse_json('1'), NULL) AS arr, "
+                   "named_struct('x', parse_json('\"s\"'), 'y', 3) AS st, map('k', parse_json('null')) AS m, "
+                   "CAST(NULL AS VARIANT) AS n, CAST(NULL AS STRUCT<x: VARIANT>) AS ns, 7 AS v")
+    want = spark.createDataFrame(
+        [('{"a":[1000.0],"b":2.5}', ["1", None], ('"s"', 3), {"k": "null"}, None, None, 7)],
+        "v string, arr array<string>, st struct<x: string, y: int>, m map<string, string>, n string, "
+        "ns struct<x: string>, v int")
+    assertDataFrameEqual(variants_as_json(df), want)
+    plain = spark.createDataFrame([(1, "x")], "n bigint, s string")
+    assert variants_as_json(plain) is plain

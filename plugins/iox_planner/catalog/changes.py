@@ -59,21 +59,31 @@ def watermark(conn: Connection, db_id: int, order: int) -> str:
     return f"W1-{db_id}-{order}-{_check(_catalog_id(conn), db_id, order)}"
 
 
+_ADVICE = ("pass the watermark a changes read of this database printed, or `beginning` to read every key (a full "
+           "read, which prints the watermark to continue from)")
+
+
+def read_watermark(text: str) -> tuple[int, int, str] | None:
+    """The parts of watermark text (database id, order, check), None for `beginning`, taken exactly (no spaces
+    around it, no other case), or a one-paragraph error: the shape alone, which a request checks before any
+    catalog is open."""
+    match = _WATERMARK.fullmatch(text) if isinstance(text, str) and len(text) <= MAX_WATERMARK_CHARS else None
+    if match is None:
+        if text == BEGINNING:
+            return None
+        raise BadInputError(f"--changes-since: {excerpt(text)} is not a watermark; {_ADVICE}")
+    return int(match[1]), int(match[2]), match[3]
+
+
 def parse_watermark(conn: Connection, text: str, db_id: int, db: str) -> int:
     """The order a watermark stands for, or a one-paragraph error: `beginning` is 0; anything else must be a
     watermark this catalog issued for this database."""
-    advice = ("pass the watermark a changes read of this database printed, or `beginning` to read every key "
-              "(a full read, which prints the watermark to continue from)")
-    if not isinstance(text, str) or len(text) > MAX_WATERMARK_CHARS:
-        raise BadInputError(f"--changes-since: {excerpt(text)} is not a watermark; {advice}")
-    stripped = text.strip()
-    if stripped == BEGINNING:
+    advice = _ADVICE
+    parts = read_watermark(text)
+    if parts is None:
         return 0
-    match = _WATERMARK.fullmatch(stripped)
-    if match is None:
-        raise BadInputError(f"--changes-since: {excerpt(text)} is not a watermark; {advice}")
-    issued_db, order = int(match[1]), int(match[2])
-    if match[3] != _check(_catalog_id(conn), issued_db, order):
+    issued_db, order, check = parts
+    if check != _check(_catalog_id(conn), issued_db, order):
         raise BadInputError(f"--changes-since: {excerpt(text)} was not issued by this catalog (its check does not "
                             f"match); {advice}")
     if issued_db != db_id:

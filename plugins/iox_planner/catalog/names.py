@@ -12,9 +12,7 @@ from __future__ import annotations
 import re
 
 from iox_planner.errors import BadInputError
-from iox_planner.model import TIME
-
-DB_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # always with fullmatch: `$` would let a trailing newline through
+from iox_planner.model import DB_NAME, TIME
 
 UNPRINTABLE_CHARS = "\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff"
 """A regex character class of what no name (nor a tag value) holds: control characters (C0, DEL and C1, the

@@ -27,12 +27,16 @@ NONE = "none"
 
 
 def parse_retention(text: str) -> int | None:
-    """`none` (keep everything) or a duration from an hour to a hundred years, as nanoseconds."""
-    if text.strip().lower() == NONE:
+    """`none` (keep everything) or a duration from an hour to a hundred years, as nanoseconds; taken exactly
+    (`None`, ` 30d` and an empty value are refused, not read as something near them)."""
+    if text == NONE:
         return None
+    if not isinstance(text, str) or not text:
+        raise BadInputError(f"--retention {text!r} is empty; give a duration from 1h to 36500d (s, m, h, d, w, as "
+                            "in 30d), or none to keep data forever")
     value = parse_duration(text, what="--retention")
     if not MIN_RETENTION_NS <= value <= MAX_RETENTION_NS:
-        raise BadInputError(f"--retention {text.strip()!r} is out of range; give from 1h to 36500d, or none to keep "
+        raise BadInputError(f"--retention {text!r} is out of range; give from 1h to 36500d, or none to keep "
                             "data forever")
     return value
 

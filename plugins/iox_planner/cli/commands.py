@@ -8,15 +8,7 @@ import time
 from typing import Any, Iterator, Sequence
 
 from iox_planner.errors import BadInputError
-from iox_planner.timeutil import check_range, parse_time
-
-
-def time_range(start: str | None, end: str | None) -> tuple[int | None, int | None]:
-    """Half-open `[start, end)` from RFC 3339 text; `start >= end` is an error."""
-    lo = parse_time(start, what="--time-start") if start else None
-    hi = parse_time(end, what="--time-end") if end else None
-    check_range(lo, hi)
-    return lo, hi
+from iox_planner.timeutil import parse_range
 
 
 def plan_from_args(args: argparse.Namespace, timeout_s: int) -> Any:
@@ -38,8 +30,12 @@ def _plan(args: argparse.Namespace) -> Any:
 
     for name in params:
         check_name(name, "--param name")
-    lo, hi = time_range(args.time_start, args.time_end)
+    lo, hi = parse_range(args.time_start, args.time_end)
     since = getattr(args, "changes_since", None)
+    if since is not None:
+        from iox_planner.catalog.changes import read_watermark
+
+        read_watermark(since)  # its shape before any catalog is open; the catalog checks the rest
 
     def plan(source: Any) -> Any:
         # Taken before any chunk list (catalog/changes.py): every write inside the window is in every table's list.
@@ -132,11 +128,11 @@ def query(args: argparse.Namespace, console: Any, err: Any) -> int:
 
 
 def parse_assignments(items: Sequence[str], what: str) -> dict[str, str]:
-    """`name=value` pairs from repeated options."""
+    """`name=value` pairs from repeated options, names taken exactly (` name` is not `name`)."""
     pairs: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise BadInputError(f"{what} {item!r} is not NAME=VALUE")
-        pairs[name.strip()] = value
+        pairs[name] = value
     return pairs

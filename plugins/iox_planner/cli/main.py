@@ -211,7 +211,7 @@ def cmd_database(args: argparse.Namespace) -> int:
     from iox_planner.catalog.store import open_catalog
 
     if args.database_command == "create":
-        retention = parse_retention(args.retention or "none")
+        retention = parse_retention(args.retention) if args.retention is not None else None
         with open_catalog() as catalog, catalog.engine.begin() as conn:
             create_database(conn, args.name, retention)
         report.print(f"created database {args.name} (retention {describe_retention(retention)})")
@@ -258,13 +258,13 @@ def cmd_materialized_refresh(args: argparse.Namespace) -> int:
     from iox_planner.cli.materialized import refresh
 
     # A dry run's list is what it is for; a real run reports refreshes already committed.
-    return refresh(args, out if args.dry_run else report)
+    return refresh(args, out if args.dry_run else report, err)
 
 
 def cmd_materialized_run(args: argparse.Namespace) -> int:
     from iox_planner.cli.materialized import run
 
-    return run(args, report)
+    return run(args, report, err)
 
 
 # --- argument parsing ----------------------------------------------------------------------------------------
@@ -307,6 +307,36 @@ def _check_argv(args: argparse.Namespace) -> None:
                 check_text(item, what)
 
 
+DASHED_VALUES: set[str] = set()
+"""Options whose value may start with `-` (a time, a duration, a watermark): argparse would read `--retention -1d`
+as two options and answer with its usage line; `_attach_dashed_values` hands such a value to its option, whose
+own check then refuses it in one paragraph."""
+
+
+def _dashed(action: argparse.Action) -> argparse.Action:
+    """Mark `action`'s options as taking a value that may start with `-`."""
+    DASHED_VALUES.update(action.option_strings)
+    return action
+
+
+def _attach_dashed_values(argv: Sequence[str]) -> list[str]:
+    """`--opt -value` as `--opt=-value` for the options in `DASHED_VALUES` (`--` alone still ends the options)."""
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        if args[i] == "--":
+            out += args[i:]
+            break
+        if args[i] in DASHED_VALUES and i + 1 < len(args) and args[i + 1].startswith("-") and args[i + 1] != "--":
+            out.append(f"{args[i]}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:
         # argparse quotes the offending value: a hostile one may be megabytes long, or hold terminal commands.
@@ -333,17 +363,17 @@ def _fraction(text: str) -> float:
 
 
 def _add_timeout(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--timeout", metavar="SECONDS",
+    _dashed(p.add_argument("--timeout", metavar="SECONDS",
                    help=f"wall-time budget of {what}, planning included, whole seconds from 1 to 86400 "
                         "(default IOX_QUERY_TIMEOUT_S, or 3600); past it the query is cancelled, nothing is "
-                        "published, exit status 124")
+                        "published, exit status 124"))
 
 
 def _add_query_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="bound parameter for :NAME in the SQL (repeatable)")
-    p.add_argument("--time-start", metavar="T", help="RFC 3339; rows with time >= T (half-open range)")
-    p.add_argument("--time-end", metavar="T", help="RFC 3339; rows with time < T (half-open range)")
+    _dashed(p.add_argument("--time-start", metavar="T", help="RFC 3339; rows with time >= T (half-open range)"))
+    _dashed(p.add_argument("--time-end", metavar="T", help="RFC 3339; rows with time < T (half-open range)"))
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="settings",
                    help="planner setting, e.g. target_partitions=8 (also IOX_<NAME> variables)")
 
@@ -401,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(generate)
     generate.add_argument("--hosts", type=_whole, default=10)
     generate.add_argument("--hours", type=_whole, default=24)
-    generate.add_argument("--start", default="2024-01-01T00:00:00Z", help="RFC 3339 (default 2024-01-01)")
+    _dashed(generate.add_argument("--start", default="2024-01-01T00:00:00Z", help="RFC 3339 (default 2024-01-01)"))
     generate.add_argument("--interval", type=_whole, default=10, help="seconds between samples (default 10)")
     generate.add_argument("--rewrite-fraction", type=_fraction, default=0.0,
                           help="share of hours written again later, with changed and missing fields")
@@ -421,9 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
                          ("update", "change an existing database's retention")):
         p = db_sub.add_parser(action, help=text)
         p.add_argument("name", metavar="DB", help="database name ([A-Za-z0-9_-]{1,64})")
-        p.add_argument("--retention", metavar="DURATION|none",
-                       help="keep rows newer than now minus this (1h to 36500d: s, m, h, d, w), or none to keep "
-                            "everything" + (" (default)" if action == "create" else ""))
+        _dashed(p.add_argument("--retention", metavar="DURATION|none",
+                               help="keep rows newer than now minus this (1h to 36500d: s, m, h, d, w), or none to "
+                                    "keep everything" + (" (default)" if action == "create" else "")))
         p.set_defaults(func=cmd_database)
 
     drop = sub.add_parser("drop", help="delete a database (its catalog rows and files), or one table of it")
@@ -450,9 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--format", choices=["table", "csv", "jsonl", "parquet"], default="table")
     query.add_argument("--output", metavar="PATH",
                        help="write here (a file for csv/jsonl, a folder for parquet) instead of standard output")
-    query.add_argument("--changes-since", metavar="WATERMARK|beginning",
+    _dashed(query.add_argument("--changes-since", metavar="WATERMARK|beginning",
                        help="only the current rows of the keys written after this watermark (printed on standard "
-                            "error by the previous changes read; `beginning` for every key)")
+                            "error by the previous changes read; `beginning` for every key)"))
     _add_timeout(query, "the query")
     _add_query_options(query)
     query.set_defaults(func=cmd_query)
@@ -467,16 +497,16 @@ def build_parser() -> argparse.ArgumentParser:
     mrefresh = mat_sub.add_parser("refresh", help="recompute exactly the stale intervals of NAME (then of what "
                                   "reads its registered table)")
     mrefresh.add_argument("name", metavar="NAME")
-    mrefresh.add_argument("--from", dest="from_", metavar="T", help="only intervals ending after T (RFC 3339)")
-    mrefresh.add_argument("--to", metavar="T", help="only intervals starting before T (RFC 3339)")
+    _dashed(mrefresh.add_argument("--from", dest="from_", metavar="T", help="only intervals ending after T (RFC 3339)"))
+    _dashed(mrefresh.add_argument("--to", metavar="T", help="only intervals starting before T (RFC 3339)"))
     mrefresh.add_argument("--dry-run", action="store_true", help="list what would be refreshed; change nothing")
     mrefresh.set_defaults(func=cmd_materialized_refresh)
     mrun = mat_sub.add_parser("run", help="publish every interval of NAME within [--from, --to), never-run ones "
                               "included, as a scheduled run would (a backfill without a scheduler)")
     mrun.add_argument("name", metavar="NAME")
-    mrun.add_argument("--from", dest="from_", metavar="T", required=True,
-                      help="first interval start (RFC 3339); intervals starting at or after T")
-    mrun.add_argument("--to", metavar="T", required=True, help="intervals ending at or before T (RFC 3339)")
+    _dashed(mrun.add_argument("--from", dest="from_", metavar="T", required=True,
+                              help="first interval start (RFC 3339); intervals starting at or after T"))
+    _dashed(mrun.add_argument("--to", metavar="T", required=True, help="intervals ending at or before T (RFC 3339)"))
     mrun.set_defaults(func=cmd_materialized_run)
 
     from iox_planner.cli import spark
@@ -488,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_attach_dashed_values(sys.argv[1:] if argv is None else argv))
     for stream in (out, report, err):
         stream.reset()
     code = _run(args)
@@ -516,12 +546,13 @@ def _end_now(code: int) -> NoReturn:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from iox_planner.config import DEBUG
+    from iox_planner.config import DEBUG, check_environment
 
     func: Callable[[argparse.Namespace], int] = args.func
     debug = False
     try:
         debug = DEBUG.read()  # read first: a bad value is an error like any other
+        check_environment()  # then every other: bad configuration stops a command before it does anything
         _check_argv(args)
         _resolve_sql(args)
         return func(args)

@@ -18,7 +18,7 @@ from iox_planner.runs import refresh as refresh_mod
 from iox_planner.runs.definitions import MaterializedQuery, load_definitions
 from iox_planner.runs.settings import RunSettings
 from iox_planner.runs.staging import RunIdentity
-from iox_planner.timeutil import format_time, parse_time
+from iox_planner.timeutil import format_time, parse_range
 from iox_planner.spark.launch import Launcher
 
 
@@ -57,16 +57,13 @@ def status(args: argparse.Namespace, console: Any) -> int:
     return 0
 
 
-def refresh(args: argparse.Namespace, console: Any) -> int:
+def refresh(args: argparse.Namespace, console: Any, err: Any) -> int:
     from iox_planner.catalog.store import open_catalog
 
+    lo, hi = parse_range(args.from_, args.to, start_what="--from", end_what="--to")
     settings = RunSettings.from_env()
     every = load_definitions(settings.materialized_dir)
     refresh_mod.pick(every, args.name)
-    lo = parse_time(args.from_, what="--from") if args.from_ else None
-    hi = parse_time(args.to, what="--to") if args.to else None
-    if lo is not None and hi is not None and lo >= hi:
-        raise BadInputError(f"--from {args.from_} is not before --to {args.to}")
     # The definition, then whatever reads its registered table, in chain order: a rollup of a rollup goes stale
     # only once its parent's intervals are re-registered, so each level's stale intervals are found after the
     # level before has been refreshed.
@@ -80,17 +77,16 @@ def refresh(args: argparse.Namespace, console: Any) -> int:
                 window = (lo, hi) if definition.name == args.name else (None, None)
                 todo = [i for i in refresh_mod.status(catalog, definition, start=window[0], end=window[1]).intervals
                         if refresh_mod.needs_refresh(i)]
-                for state in todo:
-                    when = f"[{format_time(state.start)}, {format_time(state.end)})"
-                    if args.dry_run:
+                if args.dry_run:
+                    for state in todo:
+                        when = f"[{format_time(state.start)}, {format_time(state.end)})"
                         console.print(f"would refresh {definition.name} {when}: {'; '.join(state.reasons)}")
-                        continue
-                    result = runner.run(definition, state.start, state.end)
-                    console.print(refresh_mod.describe(result))
-                    refreshed += result.ok
-                    failed += not result.ok
-                if args.dry_run and todo:
-                    console.print(f"(dependants of {definition.name} may go stale once it is refreshed)")
+                    if todo:
+                        console.print(f"(dependants of {definition.name} may go stale once it is refreshed)")
+                    continue
+                ok, bad = runner.run_all(definition, [(i.start, i.end) for i in todo], console, err, "refreshed")
+                refreshed += ok
+                failed += bad
     if args.dry_run:
         return 0
     if failed:
@@ -119,31 +115,33 @@ class _Runner:
         run = RunIdentity("iox-batch", f"{self.kind}:{definition.name}:{format_time(start)}:{self.who}")
         return refresh_mod.refresh_interval(definition, start, end, run, self.settings, launcher=self.launch)
 
+    def run_all(self, definition: MaterializedQuery, intervals: list[tuple[int, int]], console: Any, err: Any,
+                done: str) -> tuple[int, int]:
+        """`intervals` of `definition` through `refresh_mod.run_intervals`: each result on `console`, progress of
+        a long run on `err`. Returns (published, failed)."""
+        return refresh_mod.run_intervals(
+            definition, intervals, lambda start, end: self.run(definition, start, end), self.settings,
+            report=lambda result: console.print(refresh_mod.describe(result, done)), progress=err.print)
 
-def run(args: argparse.Namespace, console: Any) -> int:
+
+def run(args: argparse.Namespace, console: Any, err: Any) -> int:
     """`iox-batch materialized run NAME --from T --to T`: publish every scheduled interval of NAME lying within
     [T, T) that has ended, never-run, fresh or stale alike (a backfill without a scheduler), oldest first. An
-    interval another run holds fails alone (its run lock), and the others go on."""
+    interval's own failure (another run holds its lock, its query fails on its data) fails it alone and the others
+    go on; any other failure stops the command at once (`refresh_mod.run_intervals`)."""
     import datetime as dt
 
+    lo, hi = parse_range(args.from_, args.to, start_what="--from", end_what="--to")
     settings = RunSettings.from_env()
     definition = refresh_mod.pick(load_definitions(settings.materialized_dir), args.name)
-    lo = parse_time(args.from_, what="--from")
-    hi = parse_time(args.to, what="--to")
-    if lo >= hi:
-        raise BadInputError(f"--from {args.from_} is not before --to {args.to}")
     now = dt.datetime.now(dt.timezone.utc)
-    todo = [(a, b) for a, b in refresh_mod.scheduled_intervals(definition, now) if lo <= a and b <= hi]
+    todo = [(a, b) for a, b in refresh_mod.scheduled_intervals(definition, now)
+            if (lo is None or lo <= a) and (hi is None or b <= hi)]
     if not todo:
         raise BadInputError(f"no scheduled interval of {definition.name} ({definition.cron}, from "
                             f"{definition.start_date:%Y-%m-%dT%H:%M:%SZ}) lies within [{args.from_}, {args.to}) "
                             "and has ended; nothing was run")
-    runner = _Runner("run", settings)
-    failed = 0
-    for start, end in todo:
-        result = runner.run(definition, start, end)
-        console.print(refresh_mod.describe(result, "published"))
-        failed += not result.ok
+    _, failed = _Runner("run", settings).run_all(definition, todo, console, err, "published")
     if failed:
         raise BadInputError(f"{failed} of {len(todo)} interval(s) failed and published nothing; see the messages "
                             "above (rerun the same command: published intervals are simply published again)")

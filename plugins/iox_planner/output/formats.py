@@ -8,7 +8,7 @@ import datetime as dt
 import decimal
 import json
 from pathlib import Path
-from typing import Any, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 import pyarrow as pa
 
@@ -63,17 +63,66 @@ def _text(value: Any, ns: bool) -> Any:
     return value
 
 
+class JsonText(str):
+    """A value that is JSON text already (a VARIANT, as Spark's `to_json` wrote it: `arrow.json` in the result):
+    a text format writes it as it is, never quoted as a string."""
+
+
+def _json_marker(kind: pa.DataType) -> Callable[[Any], Any] | None:
+    """What turns a Python value of Arrow type `kind` into one whose `arrow.json` parts, however deep, are
+    `JsonText`; None when `kind` holds none."""
+    if isinstance(kind, pa.JsonType):
+        return lambda v: None if v is None else JsonText(v)
+    if pa.types.is_map(kind):  # as a list of (key, item) pairs
+        key, item = _json_marker(kind.key_type), _json_marker(kind.item_type)
+        if key is None and item is None:
+            return None
+        k, i = key or (lambda v: v), item or (lambda v: v)
+        return lambda v: None if v is None else [(k(a), i(b)) for a, b in v]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        inner = _json_marker(kind.value_type)
+        return None if inner is None else (lambda v: None if v is None else [inner(x) for x in v])
+    if pa.types.is_struct(kind):
+        marks = {f.name: _json_marker(f.type) for f in kind}
+        if not any(marks.values()):
+            return None
+        return lambda v: None if v is None else {n: (marks[n] or (lambda x: x))(x) for n, x in v.items()}
+    return None
+
+
+def json_text(value: Any, *, ensure_ascii: bool = False) -> str:
+    """`value` (from `rows`) as JSON, as `json.dumps` writes it, its `JsonText` parts as they are."""
+    if isinstance(value, JsonText):
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k), ensure_ascii=ensure_ascii)}: "
+                               f"{json_text(v, ensure_ascii=ensure_ascii)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(json_text(v, ensure_ascii=ensure_ascii) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=ensure_ascii, allow_nan=False)
+
+
 def rows(table: pa.Table, ns_cols: set[str]) -> Iterator[list[Any]]:
     names = table.column_names
     flags = [n in ns_cols for n in names]
+    marks = [_json_marker(f.type) for f in table.schema]
     for batch in table.to_batches(max_chunksize=65_536):
-        columns = [col.to_pylist() for col in batch.columns]
+        columns = [col.to_pylist() if mark is None else [mark(v) for v in col.to_pylist()]
+                   for col, mark in zip(batch.columns, marks)]
         for i in range(batch.num_rows):
             yield [_text(columns[j][i], flags[j]) for j in range(len(names))]
 
 
+def _holds_json(table: pa.Table) -> bool:
+    return any(_json_marker(f.type) is not None for f in table.schema)
+
+
 def write_jsonl(table: pa.Table, ns_cols: set[str], out: TextIO) -> None:
     names = table.column_names
+    if _holds_json(table):
+        for row in rows(table, ns_cols):
+            out.write(json_text(dict(zip(names, row))) + "\n")
+        return
     for row in rows(table, ns_cols):
         out.write(json.dumps(dict(zip(names, row)), ensure_ascii=False, allow_nan=False) + "\n")
 
@@ -89,7 +138,7 @@ def _csv_cell(value: Any) -> Any:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, dict)):
-        return json.dumps(value)
+        return json_text(value, ensure_ascii=True)
     return value
 
 
@@ -97,9 +146,9 @@ def render_table(table: pa.Table, ns_cols: set[str]) -> Any:
     from iox_planner.output.terminal import PlainTable
 
     grid = PlainTable(show_lines=False)
-    for name in table.column_names:
-        grid.add_column(name, justify="right" if pa.types.is_integer(table.schema.field(name).type)
-                        or pa.types.is_floating(table.schema.field(name).type) else "left")
+    for f in table.schema:  # by position: a result may hold two columns of one name
+        grid.add_column(f.name, justify="right" if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+                        else "left")
     for row in rows(table, ns_cols):
         grid.add_row(*["NULL" if v is None else str(_csv_cell(v)) for v in row])
     grid.caption = f"{table.num_rows} row{'s' if table.num_rows != 1 else ''}"

@@ -44,7 +44,7 @@ from iox_planner.errors import BadInputError
 from iox_planner.ingest.scenario import read_yaml
 from iox_planner.output import OutputFormat
 from iox_planner.spark.budget import query_timeout_s
-from iox_planner.timeutil import parse_time
+from iox_planner.timeutil import check_time, parse_time
 
 from iox_planner.runs.request import QueryRequest, RegisterAs, check_args, run_format
 from iox_planner.runs.settings import RunSettings
@@ -223,7 +223,10 @@ def parse_definition(doc: Any, source: str) -> MaterializedQuery:
 
 
 def _schedule(value: Any, fail: Any) -> str:
-    text = str(value).strip()
+    if not isinstance(value, str) or value != value.strip():
+        raise fail("schedule", f"{value!r} is not a schedule: give a cron expression or preset as text, with "
+                               "nothing around it (as \"@hourly\" or \"*/15 * * * *\")")
+    text = value
     problem = schedule_problem(text)
     if problem is not None:
         raise fail("schedule", f"{problem}; materialized queries run on a schedule")
@@ -252,15 +255,20 @@ def _check_fires(schedule: str, start_date: dt.datetime, fail: Any) -> None:
 
 
 def _when(value: Any, key: str, fail: Any) -> dt.datetime:
-    if isinstance(value, dt.datetime):
-        return _utc(value)
-    if isinstance(value, dt.date):
-        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
+    """A date or time (YAML's own, or RFC 3339 text) within the times data may have: each interval's bounds
+    become nanoseconds, recorded as the catalog's bigint."""
     try:
-        ns = parse_time(str(value), what=key)
+        if isinstance(value, dt.datetime):
+            when = _utc(value)
+        elif isinstance(value, dt.date):
+            when = dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
+        else:
+            ns = parse_time(str(value), what=key)
+            return dt.datetime.fromtimestamp(ns // 1_000_000_000, tz=dt.timezone.utc)
+        check_time(to_ns(when), key, when.isoformat())
     except BadInputError as err:
         raise fail(key, str(err)) from err
-    return dt.datetime.fromtimestamp(ns // 1_000_000_000, tz=dt.timezone.utc)
+    return when
 
 
 def _check_template(template: str, fail: Any) -> None:

@@ -48,11 +48,9 @@ def plan(request: QueryRequest, run: RunIdentity, settings: RunSettings,
     nothing is written anywhere else. `holder_state` (a task's `ti.get_dagrun_state`) lets the lock be taken over
     from a holder whose Airflow DAG run has ended (catalog/runs.py `acquire_lock`)."""
     from iox_planner.catalog import runs
-    from iox_planner.catalog.store import CatalogSource, open_catalog
+    from iox_planner.catalog.store import open_catalog
     from iox_planner.output.publish import check_destination
-    from iox_planner.planner import PlannerSettings, plan_query, serde
-    from iox_planner.planner.deadline import deadline
-    from iox_planner.spark.budget import timeout_error
+    from iox_planner.planner import serde
 
     with open_catalog() as catalog:
         staging = Staging.for_run(request.output, run)
@@ -64,18 +62,7 @@ def plan(request: QueryRequest, run: RunIdentity, settings: RunSettings,
         key = request.lock_key()
         created: list[Path] = []
         try:
-            # Before anything touches the filesystem: the output lies under the output roots (the request may
-            # come from code or a definition, not only from params checked on the way in).
-            request.check_output(settings)
-            check_register_target(catalog, request)
-            source = CatalogSource(catalog, request.db)
-            # A changes read's window is taken before any chunk list (catalog/changes.py).
-            changes = source.change_window(request.changes_since) if request.changes_since is not None else None
-            budget_s = request.budget_s()
-            with deadline(budget_s, lambda: timeout_error(budget_s)):  # planning within the run's budget too
-                query_plan = plan_query(request.sql, source, params=dict(request.args),
-                                        time_start=request.time_start, time_end=request.time_end,
-                                        settings=PlannerSettings.from_env(), changes=changes)
+            source, changes, query_plan = checked_plan(catalog, request, settings)
             if request.definition is not None or settings.root_of(request.output) is not None:
                 # A materialization owns its output tree (interval folders appear), and IOX_OUTPUT_ROOT is ours;
                 # anywhere else the folder must exist, as for `iox-batch query --output`. Made only once the
@@ -104,6 +91,29 @@ def plan(request: QueryRequest, run: RunIdentity, settings: RunSettings,
                 fail_run(err, "planning", catalog, run_pk, key, run, staging)
             finally:
                 remove_made_folders(created)
+
+
+def checked_plan(catalog: Any, request: QueryRequest, settings: RunSettings) -> tuple[Any, Any, Any]:
+    """A run's checks and its plan, recording nothing: the output under the output roots, the `register_as`
+    target, the database, the changes window, the query planned within the run's budget. Returns the chunk
+    source (what it read), the changes window (None: not a changes read) and the plan."""
+    from iox_planner.catalog.store import CatalogSource
+    from iox_planner.planner import PlannerSettings, plan_query
+    from iox_planner.planner.deadline import deadline
+    from iox_planner.spark.budget import timeout_error
+
+    # Before anything touches the filesystem: the output lies under the output roots (the request may come from
+    # code or a definition, not only from params checked on the way in).
+    request.check_output(settings)
+    check_register_target(catalog, request)
+    source = CatalogSource(catalog, request.db)
+    # A changes read's window is taken before any chunk list (catalog/changes.py).
+    changes = source.change_window(request.changes_since) if request.changes_since is not None else None
+    budget_s = request.budget_s()
+    with deadline(budget_s, lambda: timeout_error(budget_s)):  # planning within the run's budget too
+        query_plan = plan_query(request.sql, source, params=dict(request.args), time_start=request.time_start,
+                                time_end=request.time_end, settings=PlannerSettings.from_env(), changes=changes)
+    return source, changes, query_plan
 
 
 def make_folders(folder: Path) -> list[Path]:

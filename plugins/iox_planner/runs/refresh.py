@@ -10,16 +10,21 @@ the `iox_refresh` DAG share. No Airflow import: plain functions of definitions a
   commit.py): run lock, atomic publication, `register_as` replacing the interval, and what it read recorded in the
   publishing transaction. A failure publishes nothing, so the old output and its stale mark stay. Its Spark jobs
   run through the launcher the caller passes (`iox_planner/spark/launch.py`): this module starts no Spark itself.
+- `run_intervals`: many intervals of one definition, one by one (`iox-batch materialized run|refresh`): an
+  interval's own failure (its lock held, its query failing on its data) lets the others go on; a failure that is
+  not its own (the database unknown, the definition unable to plan, the catalog or Spark unreachable) stops the
+  whole command at once, as does asking for more intervals than IOX_MAX_RUN_INTERVALS.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from iox_planner.errors import BadInputError, IoxError, RunFailed
+from iox_planner.errors import BadInputError, IoxError, RunFailed, error_for_status
 from iox_planner.timeutil import format_time
 
 from iox_planner.spark.launch import Launcher
@@ -30,6 +35,10 @@ from iox_planner.runs.settings import RunSettings
 from iox_planner.runs.staging import RunIdentity
 
 MAX_SCHEDULED = 1_000_000  # intervals one status walks through, at most (a minutely schedule over two years)
+PROGRESS_EVERY_S = 10.0
+"""A long `run_intervals` says how far it got at most this often (a short one says nothing)."""
+UNAVAILABLE = 75
+"""The exit status of a catalog or Spark that could not be reached (errors.py): no interval's own failure."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +214,8 @@ class RefreshResult:
     """Spark jobs run (0 when one of them failed)."""
     error: str | None = None
     registered: dict[str, Any] | None = field(default=None)
+    exit_code: int = 0
+    """The failure's exit status (errors.py; 0: none)."""
 
 
 def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: RunIdentity,
@@ -223,7 +234,7 @@ def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: R
     try:
         outcome = plan(request, run, settings, holder_state=holder_state)
     except RunFailed as err:
-        return RefreshResult(definition.name, start, end, False, error=str(err))
+        return RefreshResult(definition.name, start, end, False, error=str(err), exit_code=err.exit_code)
     try:
         jobs = run_jobs(outcome, launcher)
     except BaseException as err:
@@ -232,12 +243,69 @@ def refresh_interval(definition: MaterializedQuery, start: int, end: int, run: R
         message = fail(request, run, outcome.handle(), reason)
         if not isinstance(err, IoxError):
             raise
-        return RefreshResult(definition.name, start, end, False, error=message)
+        return RefreshResult(definition.name, start, end, False, error=message, exit_code=err.exit_code)
     try:
         done = commit(request, run, outcome.handle())
     except RunFailed as err:
-        return RefreshResult(definition.name, start, end, False, spark_jobs=jobs, error=str(err))
+        return RefreshResult(definition.name, start, end, False, spark_jobs=jobs, error=str(err),
+                             exit_code=err.exit_code)
     return RefreshResult(definition.name, start, end, True, done.rows, jobs, registered=done.registered)
+
+
+def check_definition(definition: MaterializedQuery, start: int, end: int, settings: RunSettings) -> None:
+    """What every interval of `definition` needs, checked on [start, end) without recording a run: the database
+    exists, the query plans against the catalog, the output lies under the output roots, the `register_as` target
+    is its own (planning.py `checked_plan`). A failure here is no interval's own."""
+    from iox_planner.catalog.store import open_catalog
+    from iox_planner.runs.planning import checked_plan
+
+    with open_catalog() as catalog:
+        checked_plan(catalog, definition.request(_dt(start), _dt(end), settings), settings)
+
+
+def run_intervals(definition: MaterializedQuery, intervals: Sequence[tuple[int, int]],
+                  run_one: Callable[[int, int], RefreshResult], settings: RunSettings, *,
+                  report: Callable[[RefreshResult], None],
+                  progress: Callable[[str], None] | None = None) -> tuple[int, int]:
+    """Run each of `intervals` (oldest first) with `run_one`, `report`ing each result; returns (published,
+    failed). An interval's own failure lets the others go on. Stopped at once, with one paragraph naming how far
+    it got: more intervals than `settings.max_run_intervals` (before any runs); a definition that fails its check
+    (`check_definition`, before the first interval and again after a failure: a database dropped meanwhile, say);
+    a catalog or Spark that could not be reached. A long run says how far it got on `progress`."""
+    total = len(intervals)
+    if total > settings.max_run_intervals:
+        raise BadInputError(f"{definition.name}: {total:,} intervals to run, more than the "
+                            f"{settings.max_run_intervals:,} one command takes (IOX_MAX_RUN_INTERVALS); nothing was "
+                            "run: narrow --from/--to, or raise IOX_MAX_RUN_INTERVALS")
+    ok = failed = 0
+
+    def stop(cause: IoxError) -> IoxError:
+        done = f"after {ok + failed:,} of {total:,} interval(s) ({ok:,} published, {failed:,} failed)"
+        return error_for_status(cause.exit_code, f"{definition.name}: stopped {done} by a failure that is not "
+                                                 f"any interval's own: {cause}")
+
+    def check(start: int, end: int) -> None:
+        try:
+            check_definition(definition, start, end, settings)
+        except IoxError as err:
+            raise stop(err) from err
+
+    if intervals:
+        check(*intervals[0])
+    shown = time.monotonic()
+    for start, end in intervals:
+        result = run_one(start, end)
+        report(result)
+        ok += result.ok
+        failed += not result.ok
+        if not result.ok:
+            if result.exit_code == UNAVAILABLE:
+                raise stop(error_for_status(UNAVAILABLE, result.error or "unreachable"))
+            check(start, end)
+        if progress is not None and time.monotonic() - shown >= PROGRESS_EVERY_S and ok + failed < total:
+            shown = time.monotonic()
+            progress(f"{definition.name}: {ok + failed:,} of {total:,} interval(s) done ({failed:,} failed)")
+    return ok, failed
 
 
 def run_jobs(outcome: PlanOutcome, launcher: Launcher) -> int:

@@ -14,7 +14,7 @@ from iox_planner.errors import BadInputError
 from iox_planner.model import RunKey
 from iox_planner.output import RUN_FORMATS, OutputFormat
 from iox_planner.spark.budget import query_timeout_s
-from iox_planner.timeutil import INT64_MAX, INT64_MIN, check_range, format_time, parse_time
+from iox_planner.timeutil import INT64_MAX, INT64_MIN, check_range, format_time, parse_range
 
 from iox_planner.runs.settings import RunSettings
 
@@ -93,6 +93,10 @@ class QueryRequest:
             raise BadInputError("register_as is for materialized queries (it replaces an interval of a table)")
         if self.changes_since is not None and self.definition is not None:
             raise BadInputError("changes_since is for triggered queries; a materialized interval is computed whole")
+        if self.changes_since is not None:
+            from iox_planner.catalog.changes import read_watermark  # SQLAlchemy: not at a DAG file's parse
+
+            read_watermark(self.changes_since)  # its shape now; the catalog checks the rest when the run plans
 
     @staticmethod
     def from_params(params: Mapping[str, Any], settings: RunSettings) -> QueryRequest:
@@ -117,16 +121,16 @@ class QueryRequest:
         args = params.get("args") or {}
         if not isinstance(args, Mapping):
             raise BadInputError(f"param 'args' must be an object of bound parameters, not {type(args).__name__}")
-        start = params.get("time_start")
-        end = params.get("time_end")
+        start, end = parse_range(params.get("time_start"), params.get("time_end"), start_what="time_start",
+                                 end_what="time_end")
         request = QueryRequest(
             db=params["db"],
             sql=params["sql"],
             output=settings.resolve_output(params["output"]),
             format=run_format(params.get("format") or "parquet", "param format"),
             args=dict(args),
-            time_start=parse_time(start, what="time_start") if start else None,
-            time_end=parse_time(end, what="time_end") if end else None,
+            time_start=start,
+            time_end=end,
             timeout_s=params.get("timeout_s"),
             changes_since=params.get("changes_since"),
         )

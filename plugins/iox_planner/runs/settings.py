@@ -17,7 +17,7 @@ _NUMBERS: Mapping[str, config.Whole] = {
     "max_spark_jobs": config.MAX_SPARK_JOBS, "spark_retries": config.SPARK_RETRIES,
     "spark_retry_delay_s": config.SPARK_RETRY_DELAY_S, "spark_fast_start_rows": config.SPARK_FAST_START_ROWS,
     "run_lock_ttl_s": config.RUN_LOCK_TTL_S, "persist_chunk_threshold": config.PERSIST_CHUNK_THRESHOLD,
-    "refresh_concurrency": config.REFRESH_CONCURRENCY,
+    "refresh_concurrency": config.REFRESH_CONCURRENCY, "max_run_intervals": config.MAX_RUN_INTERVALS,
 }
 _SCHEDULES: Mapping[str, config.Schedule] = {
     "persist_schedule": config.PERSIST_SCHEDULE, "compact_schedule": config.COMPACT_SCHEDULE,
@@ -42,6 +42,7 @@ class RunSettings:
     compact_databases: tuple[str, ...] = ()
     refresh_schedule: str = config.REFRESH_SCHEDULE.default
     refresh_concurrency: int = config.REFRESH_CONCURRENCY.default
+    max_run_intervals: int = config.MAX_RUN_INTERVALS.default
     output_root: Path = Path("output")
     materialized_dir: Path = Path("dags/materialized")
     output_roots: tuple[Path, ...] = ()
@@ -77,16 +78,16 @@ class RunSettings:
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> RunSettings:
         root = project_root()
-        output_root = _path(config.OUTPUT_ROOT.read(environ), root / "output", root)
+        output_root = _path(config.OUTPUT_ROOT.read(environ), root / "output")
         values: dict[str, object] = {
             "output_root": output_root,
-            "materialized_dir": _path(config.MATERIALIZED_DIR.read(environ), root / "dags" / "materialized", root),
-            "bulk_load_root": _path(config.BULK_LOAD_ROOT.read(environ), root / "bulk", root),
+            "materialized_dir": _path(config.MATERIALIZED_DIR.read(environ), root / "dags" / "materialized"),
+            "bulk_load_root": _path(config.BULK_LOAD_ROOT.read(environ), root / "bulk"),
             **{name: number.read(environ) for name, number in _NUMBERS.items()},
             **{name: schedule.read(environ) for name, schedule in _SCHEDULES.items()},
             **{name: listed.read(environ) for name, listed in _DATABASES.items()},
         }
-        listed = [_path(Path(p).expanduser(), root, root) for p in config.OUTPUT_ROOTS.read(environ)]
+        listed = [Path(p).resolve() for p in config.OUTPUT_ROOTS.read(environ)]
         if listed:
             # The first listed root is where relative paths go, unless IOX_OUTPUT_ROOT names one explicitly.
             if config.OUTPUT_ROOT.read(environ) is None:
@@ -108,8 +109,6 @@ class RunSettings:
         return next((r for r in self.output_roots if path != r and path.is_relative_to(r)), None)
 
 
-def _path(value: Path | None, default: Path, root: Path) -> Path:
-    """A configured folder: unset, `default`; relative, under the project `root`; resolved."""
-    if value is None:
-        return default.resolve()
-    return (value if value.is_absolute() else root / value).resolve()
+def _path(value: Path | None, default: Path) -> Path:
+    """A configured folder (absolute: the registry refuses anything else), unset `default`; resolved."""
+    return (default if value is None else value).resolve()
