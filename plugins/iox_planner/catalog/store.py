@@ -194,11 +194,12 @@ class Catalog:
             tables.c.database_id == db_id, tables.c.name == name, tables.c.dropped_at.is_(None))).scalar_one())
 
     def ensure_tables(self, conn: Connection, db_id: int, names: Sequence[str]) -> dict[str, int]:
-        """`ensure_table` for several names in two statements."""
+        """`ensure_table` for several names in two statements. (These batch inserts say RETURNING so that SQLAlchemy
+        sends their rows as multi-row VALUES batches, not one statement per row as psycopg2's executemany does.)"""
         wanted = sorted(set(names))
         if not wanted:
             return {}
-        conn.execute(pg.insert(tables).on_conflict_do_nothing(),
+        conn.execute(pg.insert(tables).on_conflict_do_nothing().returning(tables.c.id),
                      [{"database_id": db_id, "name": n, "registered_by": None} for n in wanted])
         rows = conn.execute(sa.select(tables.c.name, tables.c.id).where(
             tables.c.database_id == db_id, tables.c.name.in_(wanted), tables.c.dropped_at.is_(None)))
@@ -235,7 +236,7 @@ class Catalog:
         missing = [(table_id, n, t.value) for table_id, cols in wanted.items() for n, t in cols.items()
                    if n not in current.get(table_id, {})]
         if missing:
-            conn.execute(pg.insert(columns).on_conflict_do_nothing(),
+            conn.execute(pg.insert(columns).on_conflict_do_nothing().returning(columns.c.id),
                          [{"table_id": t, "name": n, "column_type": c} for t, n, c in missing])
             current.update(self.columns_of(conn, sorted({t for t, _, _ in missing})))
         return {table_id: current.get(table_id, {}) for table_id in wanted}
@@ -246,7 +247,7 @@ class Catalog:
         pairs = sorted(set(wanted))
         if not pairs:
             return {}
-        conn.execute(pg.insert(partitions).on_conflict_do_nothing(),
+        conn.execute(pg.insert(partitions).on_conflict_do_nothing().returning(partitions.c.id),
                      [{"table_id": t, "partition_key": k} for t, k in pairs])
         found = conn.execute(
             sa.select(partitions.c.table_id, partitions.c.partition_key, partitions.c.id)
