@@ -349,3 +349,28 @@ def test_scatter_places_values() -> None:
     assert got.to_pylist() == [2.5, None, None, 1.5, None]
     assert spread_strings(4, np.array([1, 2]), ["é", "b"]).to_pylist() == [None, "é", "b", None]
     assert spread_strings(2, np.array([0, 1]), ["x", "y"]).to_pylist() == ["x", "y"]
+
+
+@pytest.mark.spark
+def test_bulk_load_on_spark_refused_whole(spark: object, monkeypatch: pytest.MonkeyPatch, catalog: Catalog,
+                                          warehouse: Path, db: str, tmp_path: Path) -> None:
+    """`write --spark` on the shared session: a load over the partition limit, and one whose files together pass
+    the column limit, are refused whole (its staging folder gone too); at the limit it loads."""
+    from spark_support import cli
+
+    monkeypatch.setenv("IOX_WRITE_MAX_PARTITIONS", "3")
+    monkeypatch.setenv("IOX_TABLE_MAX_COLUMNS", "4")
+    (tmp_path / "days").mkdir()
+    (tmp_path / "days" / "a.lp").write_text(lines_days(4))
+    (tmp_path / "cols").mkdir()
+    (tmp_path / "cols" / "a.lp").write_text(lines_columns(3))
+    (tmp_path / "cols" / "b.lp").write_text(f"m,k7=v,k8=v f=1 {DAY0}\n")
+    snap = Snapshot(catalog, warehouse)
+    for folder, needles in (("days", ("IOX_WRITE_MAX_PARTITIONS", "touches 4 partitions")),
+                            ("cols", ("IOX_TABLE_MAX_COLUMNS", "5 columns"))):
+        done = cli("write", "--spark", "--db", db, str(tmp_path / folder))
+        assert done.returncode == 2, done.stderr
+        assert all(n in done.stderr for n in needles), done.stderr
+        snap.unchanged()
+    monkeypatch.setenv("IOX_TABLE_MAX_COLUMNS", "5")
+    assert cli("write", "--spark", "--db", db, str(tmp_path / "cols")).returncode == 0
