@@ -10,7 +10,7 @@ same virtualenv), right after this checkout's run of the same shape, and prints 
 `--timeout` seconds is stopped and shown as "> T s", as the issue measured.
 
 Run: `python benchmarks/bench_write_shapes.py [--baseline REV] [--timeout 300] [--baseline-timeout S]
-[--only tags,days,tables]`.
+[--only tags,days,tables] [--tables N]`.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--baseline-timeout", type=float, help="the baseline's own timeout (default: --timeout)")
     parser.add_argument("--only", default="tags,days,tables")
+    parser.add_argument("--tables", type=int, default=100_000, help="lines of the measurements shape")
     args = parser.parse_args()
     wanted = set(args.only.split(","))
     pg = localpg.ensure_running()
@@ -103,6 +104,7 @@ def main() -> None:
         for shape, n in SHAPES:
             if shape not in wanted:
                 continue
+            n = args.tables if shape == "tables" else n
             path = scratch / f"{shape}-{n}.lp"
             path.write_text(lines(shape, n))
             now = write(None, path, env, args.timeout)
