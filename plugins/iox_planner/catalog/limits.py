@@ -65,10 +65,6 @@ class WriteGuard:
         # The first limit the write passed, worded by `refuse` at the end (the counts keep growing until then).
         self._over: tuple[str, str | None] | None = None
 
-    @property
-    def over(self) -> bool:
-        return self._over is not None
-
     def columns(self, table: str) -> Mapping[str, ColumnType]:
         """The table's columns in the catalog ({} for a table it does not hold)."""
         found = self._catalog_columns.get(table)
