@@ -619,6 +619,27 @@ WRITE_CHUNK_ROWS = _declare(Whole(
     250_000,
     1,
     MAX_WRITE_POSITION + 1))
+# What one write may add to the catalog (catalog/limits.py): checked before anything is written.
+DB_MAX_TABLES = _declare(Whole(
+    "IOX_DB_MAX_TABLES",
+    "the most live tables of one database, those it already has included (IOx's and InfluxDB Clustered's default)",
+    500,
+    1,
+    1_000_000))
+TABLE_MAX_COLUMNS = _declare(Whole(
+    "IOX_TABLE_MAX_COLUMNS",
+    "the most columns of one table (tags, fields and time), those it already has included (InfluxDB 3 Core's and "
+    "Enterprise's default)",
+    500,
+    2,
+    1_000_000))
+WRITE_MAX_PARTITIONS = _declare(Whole(
+    "IOX_WRITE_MAX_PARTITIONS",
+    "the most partitions (table and UTC day) one write, bulk load, scenario load or `register_as` registration may "
+    "touch (InfluxDB Cloud Serverless allows 5,000 days per database in 15 minutes)",
+    5000,
+    1,
+    100_000_000))
 BULK_RANGE_BYTES = _declare(Whole(
     "IOX_BULK_RANGE_BYTES",
     "`write --spark`: about the bytes of input one Spark task parses and holds",

@@ -109,7 +109,7 @@ def record_writes(conn: Connection, db_id: int, events: Iterable[WriteEvent], *,
         orders = [order] * len(events)
     if len(orders) != len(events):
         raise ValueError("record_writes: one order per event")
-    conn.execute(write_events.insert(), [
+    conn.execute(write_events.insert().returning(write_events.c.id), [  # RETURNING: batched (store.ensure_tables)
         dict(database_id=db_id, table_name=e.table, partition_key=e.partition, write_order=o, min_time=e.min_time,
              max_time=e.max_time, chunks=e.chunks, row_count=e.rows, source=source)
         for e, o in zip(events, orders)
@@ -119,11 +119,13 @@ def record_writes(conn: Connection, db_id: int, events: Iterable[WriteEvent], *,
         for hour in range(e.min_time // HOUR, e.max_time // HOUR + 1):  # an event lies in one day: <= 24 hours
             key = (e.table, hour * HOUR)
             hours[key] = max(o, hours.get(key, o))
-    upsert = pg.insert(write_hours).values([
-        dict(database_id=db_id, table_name=t, hour_start=h, max_order=o) for (t, h), o in sorted(hours.items())])
+    # executemany, not one VALUES list: compiled once however many hours (a write over thousands of days).
+    upsert = pg.insert(write_hours)
     conn.execute(upsert.on_conflict_do_update(
         index_elements=["database_id", "table_name", "hour_start"],
-        set_={"max_order": sa.func.greatest(write_hours.c.max_order, upsert.excluded.max_order)}))
+        set_={"max_order": sa.func.greatest(write_hours.c.max_order, upsert.excluded.max_order)})
+        .returning(write_hours.c.hour_start), [
+        dict(database_id=db_id, table_name=t, hour_start=h, max_order=o) for (t, h), o in sorted(hours.items())])
 
 
 def fresh_order(conn: Connection, db_id: int) -> int:

@@ -193,6 +193,18 @@ class Catalog:
         return int(conn.execute(sa.select(tables.c.id).where(
             tables.c.database_id == db_id, tables.c.name == name, tables.c.dropped_at.is_(None))).scalar_one())
 
+    def ensure_tables(self, conn: Connection, db_id: int, names: Sequence[str]) -> dict[str, int]:
+        """`ensure_table` for several names in two statements. (These batch inserts say RETURNING so that SQLAlchemy
+        sends their rows as multi-row VALUES batches, not one statement per row as psycopg2's executemany does.)"""
+        wanted = sorted(set(names))
+        if not wanted:
+            return {}
+        conn.execute(pg.insert(tables).on_conflict_do_nothing().returning(tables.c.id),
+                     [{"database_id": db_id, "name": n, "registered_by": None} for n in wanted])
+        rows = conn.execute(sa.select(tables.c.name, tables.c.id).where(
+            tables.c.database_id == db_id, tables.c.name.in_(wanted), tables.c.dropped_at.is_(None)))
+        return {r.name: int(r.id) for r in rows}
+
     def table_ids(self, conn: Connection, db_id: int) -> dict[str, int]:
         """The live tables of a database (a dropped one keeps its row while its files wait out the grace period)."""
         rows = conn.execute(sa.select(tables.c.name, tables.c.id).where(tables.c.database_id == db_id,
@@ -203,16 +215,46 @@ class Catalog:
         rows = conn.execute(sa.select(columns.c.name, columns.c.column_type).where(columns.c.table_id == table_id))
         return {r.name: ColumnType(r.column_type) for r in rows}
 
+    def columns_of(self, conn: Connection, table_ids: Sequence[int]) -> dict[int, dict[str, ColumnType]]:
+        """The columns of several tables, in one query."""
+        out: dict[int, dict[str, ColumnType]] = {}
+        rows = conn.execute(sa.select(columns.c.table_id, columns.c.name, columns.c.column_type)
+                            .where(columns.c.table_id.in_(list(table_ids))))
+        for r in rows:
+            out.setdefault(int(r.table_id), {})[r.name] = ColumnType(r.column_type)
+        return out
+
     def add_columns(self, conn: Connection, table_id: int, wanted: Mapping[str, ColumnType]) -> dict[str, ColumnType]:
         """Add missing columns; returns the table's columns afterwards. A concurrent writer adding the same name
         with another type wins the race cleanly: the caller compares types against what this returns."""
-        current = self.table_columns(conn, table_id)
-        missing = [{"table_id": table_id, "name": n, "column_type": t.value}
-                   for n, t in wanted.items() if n not in current]
+        return self.add_columns_of(conn, {table_id: wanted})[table_id]
+
+    def add_columns_of(self, conn: Connection, wanted: Mapping[int, Mapping[str, ColumnType]]
+                       ) -> dict[int, dict[str, ColumnType]]:
+        """`add_columns` for several tables in three statements at most, however many tables and columns."""
+        current = self.columns_of(conn, list(wanted))
+        missing = [(table_id, n, t.value) for table_id, cols in wanted.items() for n, t in cols.items()
+                   if n not in current.get(table_id, {})]
         if missing:
-            conn.execute(pg.insert(columns).values(missing).on_conflict_do_nothing())
-            current = self.table_columns(conn, table_id)
-        return current
+            conn.execute(pg.insert(columns).on_conflict_do_nothing().returning(columns.c.id),
+                         [{"table_id": t, "name": n, "column_type": c} for t, n, c in missing])
+            current.update(self.columns_of(conn, sorted({t for t, _, _ in missing})))
+        return {table_id: current.get(table_id, {}) for table_id in wanted}
+
+    def ensure_partitions(self, conn: Connection, wanted: Sequence[tuple[int, str]]) -> dict[tuple[int, str], int]:
+        """The ids of (table id, partition key) pairs, created when missing: two statements however many (a write
+        over many days would otherwise pay two round trips per day)."""
+        pairs = sorted(set(wanted))
+        if not pairs:
+            return {}
+        conn.execute(pg.insert(partitions).on_conflict_do_nothing().returning(partitions.c.id),
+                     [{"table_id": t, "partition_key": k} for t, k in pairs])
+        found = conn.execute(
+            sa.select(partitions.c.table_id, partitions.c.partition_key, partitions.c.id)
+            .where(partitions.c.table_id.in_(sorted({t for t, _ in pairs})),
+                   partitions.c.partition_key.in_(sorted({k for _, k in pairs}))))
+        ids = {(int(r.table_id), r.partition_key): int(r.id) for r in found}
+        return {pair: ids[pair] for pair in pairs}
 
     def ensure_partition(self, conn: Connection, table_id: int, key: str) -> int:
         conn.execute(pg.insert(partitions).values(table_id=table_id, partition_key=key).on_conflict_do_nothing())
@@ -305,6 +347,14 @@ class Catalog:
     def insert_chunk(self, conn: Connection, kind: ChunkKind, values: Mapping[str, Any]) -> int:
         table = CHUNK_TABLES[kind]
         return int(conn.execute(table.insert().values(**values).returning(table.c.id)).scalar_one())
+
+    def insert_chunks(self, conn: Connection, kind: ChunkKind, rows: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Insert several chunk rows in one round trip (per few thousand); their ids, in the order given."""
+        if not rows:
+            return []
+        table = CHUNK_TABLES[kind]
+        result = conn.execute(table.insert().returning(table.c.id, sort_by_parameter_order=True), list(rows))
+        return [int(i) for i in result.scalars()]
 
     def retire_chunks(self, conn: Connection, kind: ChunkKind, ids: Sequence[int]) -> None:
         table = CHUNK_TABLES[kind]

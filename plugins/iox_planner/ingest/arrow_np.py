@@ -77,3 +77,42 @@ def column(values: Sequence[Any], type: pa.DataType) -> pa.Array:
     zero = dtype.type(0)
     data = np.fromiter((zero if v is None else v for v in values), dtype=dtype, count=n)
     return pa.Array.from_buffers(type, n, [_validity(values), pa.py_buffer(data)])
+
+
+def scatter(n: int, positions: np.ndarray, values: pa.Array) -> pa.Array:
+    """An array of `n` nulls with `values[i]` at `positions[i]` (distinct positions): one take whose missing
+    indices are null. Builds a sparse column in time proportional to `n`, never through Python objects per row."""
+    if len(positions) == n and bool((positions == np.arange(n)).all()):
+        return values
+    index = np.zeros(n, dtype=np.int64)
+    index[positions] = np.arange(len(positions), dtype=np.int64)
+    valid = np.zeros(n, dtype=bool)
+    valid[positions] = True
+    indices = pa.Array.from_buffers(pa.int64(), n, [pa.py_buffer(np.packbits(valid, bitorder="little")),
+                                                    pa.py_buffer(index)])
+    return values.take(indices)
+
+
+def spread_strings(n: int, positions: np.ndarray, values: Sequence[str]) -> pa.Array:
+    """A string array of `n` rows, `values[i]` at `positions[i]` (ascending), null elsewhere, built from its
+    buffers: a few numpy passes over `n`, far cheaper than a take (a wide table's columns are mostly null)."""
+    if len(positions) == n:
+        return strings(values)
+    texts = list(values)
+    joined = "".join(texts)
+    if joined.isascii():
+        data = joined.encode("ascii")
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    else:
+        encoded = [t.encode("utf-8") for t in texts]
+        data = b"".join(encoded)
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    wide = len(data) >= 2**31
+    per_row = np.zeros(n + 1, dtype=np.int64 if wide else np.int32)
+    per_row[positions + 1] = lengths
+    offsets = np.cumsum(per_row, dtype=per_row.dtype)
+    valid = np.zeros(n, dtype=bool)
+    valid[positions] = True
+    return pa.Array.from_buffers(pa.large_string() if wide else pa.string(), n,
+                                 [pa.py_buffer(np.packbits(valid, bitorder="little")), pa.py_buffer(offsets),
+                                  pa.py_buffer(data)])

@@ -48,11 +48,12 @@ import sqlalchemy as sa
 from iox_planner import storage
 from iox_planner.catalog import locks
 from iox_planner.catalog.freshness import record_writes
+from iox_planner.catalog.limits import CatalogLimits, WriteGuard, WriteShape
 from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.store import Catalog
 from iox_planner import config
 from iox_planner.config import warehouse as default_warehouse
-from iox_planner.errors import BadInputError, CatalogUnavailableError
+from iox_planner.errors import BadInputError, CatalogError, CatalogUnavailableError
 from iox_planner.faults import kill_point
 from iox_planner.ingest import files as chunk_files
 from iox_planner.ingest import write as plain
@@ -282,6 +283,9 @@ class TaskParams:
     default_time: int
     limits: dict[str, int]
     staging: str
+    max_partitions: int = 0
+    """`IOX_WRITE_MAX_PARTITIONS` as the driver read it: a range touching more partitions than this writes no file
+    (the driver refuses the load on its counts alone); 0: no bound here."""
 
 
 def parse_range(r: Range, params: TaskParams) -> RangeResult:
@@ -305,6 +309,11 @@ def parse_range(r: Range, params: TaskParams) -> RangeResult:
                     pending.setdefault(key, plain._Pending()).add(columns, table, first, last)
     except BadInputError as err:  # not UTF-8, too many bad lines: the plain write words it
         return RangeResult(r.file_index, r.range_index, problem=str(err)[:200])
+    if params.max_partitions and len(pending) > params.max_partitions:
+        # Over the load's partition limit on its own: what the driver needs to word the refusal, no file.
+        return RangeResult(r.file_index, r.range_index, tuple(
+            StagedChunk(key[0], key[1], tuple((c, t.value) for c, t in entry.columns().items()), entry.total, 0, 0,
+                        {}, "", 0) for key, entry in sorted(pending.items())), points, time.process_time() - cpu)
     chunks = []
     for n, key in enumerate(sorted(pending)):
         columns, data, _ = pending[key].take()
@@ -414,7 +423,8 @@ def bulk_write(
                 with contextlib.suppress(FileNotFoundError):
                     staging.mkdir(parents=True)
                     break
-            params = TaskParams(precision.value, default_time, asdict(Limits.from_env()), str(staging))
+            params = TaskParams(precision.value, default_time, asdict(Limits.from_env()), str(staging),
+                                CatalogLimits.from_env().max_partitions)
             started = time.monotonic()
             results = sorted(runner(ranges, params), key=lambda x: (x.file_index, x.range_index))
             kill_point("bulk.after_tasks")
@@ -476,24 +486,35 @@ def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeRes
             raise CatalogUnavailableError(_LOST)
         db_id = catalog.ensure_database(conn, db)
         locks.lock_orders(conn, db_id)
-        known = catalog.table_ids(conn, db_id)
+        # The catalog limits, under the order lock, before anything is moved into place or registered.
+        guard = WriteGuard(catalog, conn, db, db_id)
+        guard.prefetch({c.table for c in chunks})
         for c in chunks:
-            if c.table in known:
-                current = catalog.table_columns(conn, known[c.table])
-                if any(name in current and current[name].value != ctype for name, ctype in c.columns):
-                    raise _PlainWay(f"{c.table} conflicts with the catalog's columns")
+            current = guard.columns(c.table)
+            if any(name in current and current[name].value != ctype for name, ctype in c.columns):
+                raise _PlainWay(f"{c.table} conflicts with the catalog's columns")
+        for c in chunks:
+            guard.admit(c.table, [name for name, _ in c.columns], c.partition)
+        guard.refuse()
+        if any(not c.file for c in chunks):  # a task saw more partitions than the limit the guard just allowed
+            raise CatalogError("a bulk load task and its driver read different IOX_WRITE_MAX_PARTITIONS; nothing "
+                               "was loaded: run it again")
         # Input order: a later range or file of the same partition gets a higher order, as in a plain write.
         orders = catalog.next_orders(conn, db_id, len(chunks)) if chunks else []
+        table_ids = catalog.ensure_tables(conn, db_id, [c.table for c in chunks])
+        wanted: dict[int, dict[str, ColumnType]] = defaultdict(dict)
+        for c in chunks:
+            wanted[table_ids[c.table]].update((name, ColumnType(ctype)) for name, ctype in c.columns)
+        catalog.add_columns_of(conn, wanted)
+        partition_ids = catalog.ensure_partitions(conn, [(table_ids[c.table], c.partition) for c in chunks])
         moves: list[tuple[Path, str]] = []
         for c in chunks:
-            table_id = catalog.ensure_table(conn, db_id, c.table)
-            columns = {name: ColumnType(ctype) for name, ctype in c.columns}
-            catalog.add_columns(conn, table_id, columns)
-            partition_id = catalog.ensure_partition(conn, table_id, c.partition)
-            moves.append((staging / c.file, storage.chunk_path(db_id, table_id, partition_id)))
+            table_id = table_ids[c.table]
+            moves.append((staging / c.file, storage.chunk_path(db_id, table_id, partition_ids[(table_id, c.partition)])))
         # The manifest first: a sweep after a crash from here on knows which moved files were this load's.
         manifest = staging / storage.BULK_MANIFEST
         manifest.write_text(json.dumps([rel for _, rel in moves]))
+        rows = []
         for c, order, (src, rel) in zip(chunks, orders, moves):
             dest = root / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -501,11 +522,13 @@ def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeRes
             os.replace(src, dest)
             columns = {name: ColumnType(ctype) for name, ctype in c.columns}
             table_id, partition_id = (int(p) for p in rel.split("/")[1:3])
-            chunk_id = catalog.insert_chunk(conn, ChunkKind.INGESTER, dict(
+            rows.append(dict(
                 object_id=storage.object_id(rel), label=None, table_id=table_id, partition_id=partition_id,
                 store=LOCAL_STORE, path=rel, min_time=c.min_time, max_time=c.max_time, row_count=c.rows,
                 file_size=c.size, column_names=list(chunk_files.column_layout(columns)),
                 tag_ranges={k: list(v) for k, v in c.tag_ranges.items()}, chunk_order=order))
+        ids = catalog.insert_chunks(conn, ChunkKind.INGESTER, rows)
+        for c, order, chunk_id in zip(chunks, orders, ids):
             written.append(plain.WrittenChunk(f"I{chunk_id}", c.table, c.partition, c.rows, order, c.min_time,
                                               c.max_time))
         record_writes(conn, db_id, [w.event() for w in written], orders=[w.order for w in written], source="write")
@@ -521,12 +544,13 @@ def _plain_load(catalog: Catalog, db: str, paths: Sequence[InputFile], precision
     chunks: list[plain.WrittenChunk] = []
     rejected: list[LineError] = []
     limit = plain.write_chunk_rows()
+    shape = WriteShape()  # the files are one write for the catalog limits
     with staged.transaction(catalog) as conn:
         for file in paths:
             parser = StreamParser(precision=precision, default_time=default_time)
             with open_input(file.path, (file.ino, file.size, file.mtime_ns)) as f:
                 result = plain._write_blocks(catalog, conn, staged, db, line_blocks(f, file.name), parser,
-                                             accept_partial, file.name, limit)
+                                             accept_partial, file.name, limit, shape)
             chunks.extend(result.chunks)
             rejected.extend(result.rejected)
         kill_point("write.before_commit")

@@ -8,7 +8,7 @@ chunks also keep each row's write position in `__seq`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -47,22 +47,36 @@ def arrow_schema(columns: Mapping[str, ColumnType], *, with_seq: bool = False) -
 
 
 def points_to_table(points: Sequence[Point], columns: Mapping[str, ColumnType]) -> pa.Table:
-    """Rows in write order, with `__seq` = write position, columns as `column_layout`."""
-    data: dict[str, list[object]] = {name: [] for name in columns}
-    for point in points:
-        for name in columns:
-            ctype = columns[name]
-            if ctype is ColumnType.TIME:
-                data[name].append(point.time)
-            elif ctype is ColumnType.TAG:
-                data[name].append(point.tags.get(name))
-            else:
-                value = point.fields.get(name)
-                data[name].append(None if value is None else value[1])
+    """Rows in write order, with `__seq` = write position, columns as `column_layout`. Each column is built from
+    the values its points hold (then spread over the rows), so a point costs its own tags and fields, never every
+    column of the table: many columns each on few lines stay linear."""
+    positions: dict[str, list[int]] = {name: [] for name in columns}
+    values: dict[str, list[object]] = {name: [] for name in columns}
+    for row, point in enumerate(points):
+        for name, value in point.tags.items():
+            if columns.get(name) is ColumnType.TAG:
+                positions[name].append(row)
+                values[name].append(value)
+        for name, (_, field_value) in point.fields.items():
+            ctype = columns.get(name)
+            if ctype is not None and ctype.is_field:
+                positions[name].append(row)
+                values[name].append(field_value)
+    n = len(points)
     schema = arrow_schema(columns, with_seq=True)
     # arrow_np, not pa.array: pa.array imports pandas (a third of a CPU-second) on first use.
-    arrays = [arrow_np.column(data[f.name], f.type) for f in schema if f.name != WRITE_SEQ]
-    arrays.append(arrow_np.from_numpy(np.arange(len(points), dtype=np.int64)))
+    arrays = []
+    for f in schema:
+        if f.name == TIME:
+            arrays.append(arrow_np.from_numpy(np.fromiter((p.time for p in points), dtype=np.int64, count=n)))
+        elif f.name == WRITE_SEQ:
+            arrays.append(arrow_np.from_numpy(np.arange(n, dtype=np.int64)))
+        elif f.type == pa.string():  # positions ascend: rows are visited in order
+            arrays.append(arrow_np.spread_strings(n, np.array(positions[f.name], dtype=np.int64),
+                                                  cast(list[str], values[f.name])))
+        else:
+            arrays.append(arrow_np.scatter(n, np.array(positions[f.name], dtype=np.int64),
+                                           arrow_np.column(values[f.name], f.type)))
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -92,8 +106,9 @@ def _used_values(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Arr
 def tag_ranges(table: pa.Table, columns: Mapping[str, ColumnType]) -> dict[str, tuple[str, str]]:
     """Per tag (min, max) of its non-null values; a tag with no values has no range."""
     out: dict[str, tuple[str, str]] = {}
+    names = set(table.column_names)  # a set: a list per tag would make a wide table quadratic
     for name, ctype in columns.items():
-        if ctype is ColumnType.TAG and name in table.column_names:
+        if ctype is ColumnType.TAG and name in names:
             mm = pc.min_max(_used_values(table[name])).as_py()
             if mm["min"] is not None:
                 out[name] = (mm["min"], mm["max"])
@@ -104,8 +119,8 @@ def derive_sort_key(table: pa.Table, columns: Mapping[str, ColumnType]) -> list[
     """Tags by ascending number of distinct values (ties by name), then time. Deduplication keeps every tag value
     (each key keeps a row), so the rows before a merge give the same key as the merged rows."""
     tags = [c for c, t in columns.items() if t is ColumnType.TAG]
-    counts = {tag: pc.count_distinct(_used_values(table[tag])).as_py() if tag in table.column_names else 0
-              for tag in tags}
+    names = set(table.column_names)
+    counts = {tag: pc.count_distinct(_used_values(table[tag])).as_py() if tag in names else 0 for tag in tags}
     return [*sorted(tags, key=lambda t: (counts[t], t)), TIME]
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 from iox_planner import storage
 from iox_planner.catalog import locks
 from iox_planner.catalog.freshness import WriteEvent, fresh_order, record_writes
+from iox_planner.catalog.limits import check_write
 from iox_planner.catalog.names import excerpt, name_problem
 from iox_planner.catalog.schema import tables
 from iox_planner.catalog.store import Catalog, ChunkRow
@@ -195,6 +196,10 @@ def _register(
     root = staged.root
     db_id = catalog.ensure_database(conn, db)
     locks.lock_orders(conn, db_id)  # before any insert, as every write does (locks.lock_orders: deadlocks)
+    days = data[TIME].to_numpy() // NS_PER_DAY
+    new_days = sorted({partition_of(int(d) * NS_PER_DAY) for d in np.unique(days)})
+    # The catalog limits, under the order lock, before anything is added or written.
+    check_write(catalog, conn, db, db_id, [(table, columns, key) for key in new_days] or [(table, columns, None)])
     table_id = catalog.ensure_table(conn, db_id, table, registered_by=owner)
     holder = conn.execute(sa.select(tables.c.registered_by).where(tables.c.id == table_id)).scalar_one()
     if holder != owner:
@@ -208,8 +213,6 @@ def _register(
     if clashes:
         raise BadInputError(f"the result does not fit table {db}.{table}: {'; '.join(clashes)}")
 
-    days = data[TIME].to_numpy() // NS_PER_DAY
-    new_days = sorted({partition_of(int(d) * NS_PER_DAY) for d in np.unique(days)})
     first_day, last_day = partition_of(start), partition_of(end - 1)
     partition_ids = {r.partition_key: int(r.id) for r in catalog.partition_rows(conn, db_id, table)
                      if first_day <= r.partition_key <= last_day}

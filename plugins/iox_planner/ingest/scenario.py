@@ -398,6 +398,8 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
     from iox_planner.catalog import locks
     from iox_planner.catalog.changes import record_gap
     from iox_planner.catalog.freshness import WriteEvent, committed_order, fresh_order, record_writes
+    from iox_planner.catalog.limits import check_write
+    from iox_planner.ingest.files import chunk_columns
     from iox_planner.ingest import write as ingest
     from iox_planner.catalog.names import check_db_name
     from iox_planner.config import warehouse as default_warehouse
@@ -439,6 +441,10 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
                         )
                     planned.append(Chunk(cid, spec.kind, table, partition, order, None, None, {}))
             check_unique_orders(planned, existing)
+            # The catalog limits over the whole load (one write), under the order lock, before anything is stored.
+            check_write(catalog, conn, name, db_id, [
+                (table, chunk_columns(points), partition)
+                for spec in scenario.chunks for _, table, partition, points in spec.groups()])
             for spec, order in zip(scenario.chunks, orders):
                 for cid, table, partition, points in spec.groups():
                     try:
@@ -446,6 +452,7 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
                             catalog, name, points, orders={(table, partition): order},
                             labels={(table, partition): cid}, kind=spec.kind, sort_key=spec.sort_key,
                             store=spec.store, conn=conn, staged=staged, warehouse=root, log_writes=False,
+                            check_limits=False,
                         )
                     except BadInputError as err:
                         raise BadInputError(f"{scenario.source}: chunk {cid}: {err}") from err
@@ -464,6 +471,7 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
             # watermark at or above the lowest of them would miss them, so such watermarks are refused from now on.
             if min(orders) <= counter:
                 record_gap(conn, db_id, min(orders), logged, "load")
+            staged.sync()  # the chunk files on disk before the COMMIT names them
     except BaseException:
         staged.rollback()
         raise

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator, Mapping, Sequence, cast
 
@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 from iox_planner import config, storage
 from iox_planner.catalog import locks
 from iox_planner.catalog.freshness import WriteEvent, record_writes
+from iox_planner.catalog.limits import WriteGuard, WriteShape, check_write
 from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.store import Catalog
 from iox_planner.config import warehouse as default_warehouse
@@ -63,22 +64,16 @@ def _errors_paragraph(errors: Sequence[LineError], what: str) -> str:
     return f"{what}: {describe_errors(errors)}"
 
 
-def _check_against_catalog(
-    catalog: Catalog, conn: Connection, db_id: int | None, points: Sequence[Point]
-) -> list[LineError]:
-    """Points whose tag/field kinds or field types conflict with the catalog's columns, as line errors."""
-    if db_id is None:
-        return []
-    known_tables = catalog.table_ids(conn, db_id)
-    cache: dict[str, dict[str, ColumnType]] = {}
+def _check_against_catalog(columns_of: Callable[[str], Mapping[str, ColumnType]],
+                           points: Sequence[Point]) -> list[LineError]:
+    """Points whose tag/field kinds or field types conflict with the catalog's columns (`columns_of(table)`, {}
+    for a table the catalog does not hold), as line errors."""
     errors: list[LineError] = []
     for point in points:
-        table_id = known_tables.get(point.measurement)
-        if table_id is None:
+        known = columns_of(point.measurement)
+        if not known:
             continue
-        if point.measurement not in cache:
-            cache[point.measurement] = catalog.table_columns(conn, table_id)
-        problem = _conflict(point, cache[point.measurement])
+        problem = _conflict(point, known)
         if problem:
             errors.append(LineError(point.line, 1, problem))
     return errors
@@ -112,6 +107,7 @@ def write_points(
     staged: storage.Staged | None = None,
     warehouse: Path | None = None,
     log_writes: bool = True,
+    check_limits: bool = True,
 ) -> WriteResult:
     """Store points as one chunk per (table, partition) and register them in one transaction.
 
@@ -119,7 +115,9 @@ def write_points(
     sorted as a persisted file would be (scenario loads). Rows whose columns conflict with the catalog are
     rejected with their line: all of them fail the write, unless `accept_partial` drops just those lines.
     Each chunk is logged as new data (catalog/freshness.py) unless `log_writes` is false: a scenario load, whose
-    explicit orders may lie below the counter, logs its chunks itself with a fresh order.
+    explicit orders may lie below the counter, logs its chunks itself with a fresh order. The catalog limits
+    (catalog/limits.py) are checked before anything is stored, unless `check_limits` is false (a scenario load
+    checks them over all its chunks first).
     """
     root = warehouse or default_warehouse()
     if conn is None:
@@ -127,13 +125,16 @@ def write_points(
         with own_staged.transaction(catalog) as own:
             result = write_points(catalog, db, points, orders=orders, labels=labels, kind=kind,
                                   sort_key=sort_key, store=store, accept_partial=accept_partial, conn=own,
-                                  staged=own_staged, warehouse=root, log_writes=log_writes)
+                                  staged=own_staged, warehouse=root, log_writes=log_writes,
+                                  check_limits=check_limits)
             kill_point("write.before_commit")
         return result
     assert staged is not None
     db_id = catalog.ensure_database(conn, db)
     locks.lock_orders(conn, db_id)
-    conflicts = _check_against_catalog(catalog, conn, db_id, points)
+    guard = WriteGuard(catalog, conn, db, db_id)
+    guard.prefetch({p.measurement for p in points})
+    conflicts = _check_against_catalog(guard.columns, points)
     if conflicts and not accept_partial:
         raise BadInputError(_errors_paragraph(conflicts, f"nothing was written to {db!r}"))
     bad_lines = {e.line for e in conflicts}
@@ -144,21 +145,114 @@ def write_points(
     groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
     for point in good:
         groups[(point.measurement, partition_of(point.time))].append(point)
+    keyed = [(key, chunk_files.chunk_columns(group), group) for key, group in sorted(groups.items())]
+    if check_limits:
+        for (table_name, partition_key), columns, _ in keyed:
+            guard.admit(table_name, columns, partition_key)
+        guard.refuse()
 
-    written: list[WrittenChunk] = []
-    for (table_name, partition_key), group in sorted(groups.items()):
-        columns = chunk_files.chunk_columns(group)
-        written.append(store_chunk(
-            catalog, conn, staged, db_id, table_name, partition_key, chunk_files.points_to_table(group, columns),
-            columns, kind=kind, order=(orders or {}).get((table_name, partition_key)),
-            label=(labels or {}).get((table_name, partition_key)), sort_key=sort_key, store=store,
-            lines={p.line for p in group},
-        ))
+    chunks = ChunkStore(catalog, conn, staged, db_id, kind=kind, store=store, sort_key=sort_key)
+    chunks.prepare([(t, p, columns, {pt.line for pt in group}) for (t, p), columns, group in keyed])
+    for (table_name, partition_key), columns, group in keyed:
+        chunks.write(table_name, partition_key, chunk_files.points_to_table(group, columns), columns,
+                     order=(orders or {}).get((table_name, partition_key)),
+                     label=(labels or {}).get((table_name, partition_key)), lines={p.line for p in group})
+    written = chunks.register()
     if log_writes:
         # Each chunk's own order came from the counter in this transaction (no explicit orders on this path).
         assert orders is None, "explicit orders: the caller logs the write with a fresh order"
         record_writes(conn, db_id, [c.event() for c in written], orders=[c.order for c in written], source="write")
     return WriteResult(tuple(written), tuple(conflicts))
+
+
+class ChunkStore:
+    """Stores one write's chunks inside its transaction with a few catalog statements however many chunks:
+    `prepare` finds or creates the tables, columns and partitions of a batch of (table, day)s at once, `write`
+    writes one chunk's file (synced before the commit, `storage.Staged`), `register` takes every pending chunk's
+    order and inserts all their rows in one statement. A write over thousands of days thus costs a few round
+    trips, not several per day."""
+
+    def __init__(self, catalog: Catalog, conn: Connection, staged: storage.Staged, db_id: int, *,
+                 kind: ChunkKind, store: str = LOCAL_STORE, sort_key: Sequence[str] | None = None) -> None:
+        self.catalog, self.conn, self.staged, self.db_id = catalog, conn, staged, db_id
+        self.kind, self.store, self.sort_key = kind, store, sort_key
+        self.table_ids: dict[str, int] = {}
+        self.columns: dict[int, dict[str, ColumnType]] = {}
+        """The catalog's columns of each table this write added to (after its additions)."""
+        self.partition_ids: dict[tuple[str, str], int] = {}
+        self._rows: list[tuple[dict[str, object], WrittenChunk]] = []
+
+    def prepare(self, items: Sequence[tuple[str, str, Mapping[str, ColumnType], set[int] | None]]) -> None:
+        """Make sure the tables, columns and partitions of `(table, day, columns, lines)` items exist; a column
+        whose type conflicts with the catalog (a concurrent writer may have added the name first) is an error."""
+        catalog, conn = self.catalog, self.conn
+        new_tables = sorted({t for t, _, _, _ in items if t not in self.table_ids})
+        if new_tables:
+            self.table_ids.update(catalog.ensure_tables(conn, self.db_id, new_tables))
+        wanted: dict[int, dict[str, ColumnType]] = {}
+        for table, _, columns, _ in items:
+            table_id = self.table_ids[table]
+            known = self.columns.get(table_id)
+            for name, ctype in columns.items():
+                if known is None or name not in known:
+                    wanted.setdefault(table_id, {}).setdefault(name, ctype)
+        if wanted:
+            self.columns.update(catalog.add_columns_of(conn, wanted))
+        for table, _, columns, lines in items:
+            current = self.columns[self.table_ids[table]]
+            clashes = [f"{name} ({ctype.value}, but {current[name].value} in the catalog)"
+                       for name, ctype in columns.items() if current.get(name) is not ctype]
+            if clashes:
+                where = f"lines {min(lines)}-{max(lines)}: " if lines else ""
+                raise BadInputError(f"{where}{table}: column types conflict with the catalog: {', '.join(clashes)}")
+        missing = sorted({(t, p) for t, p, _, _ in items if (t, p) not in self.partition_ids})
+        if missing:
+            found = catalog.ensure_partitions(conn, [(self.table_ids[t], p) for t, p in missing])
+            for t, p in missing:
+                self.partition_ids[(t, p)] = found[(self.table_ids[t], p)]
+
+    def write(self, table_name: str, partition_key: str, data: pa.Table, columns: Mapping[str, ColumnType], *,
+              order: int | None = None, label: str | None = None, lines: set[int] | None = None) -> None:
+        """Write one chunk's file; its row waits for `register`. `data` has `columns` (and `__seq` for an
+        ingester chunk); a Parquet chunk is deduplicated and sorted here as a persisted file would be."""
+        self.prepare([(table_name, partition_key, columns, lines)])
+        kind = self.kind
+        table_id = self.table_ids[table_name]
+        partition_id = self.partition_ids[(table_name, partition_key)]
+        if kind is ChunkKind.INGESTER and data.num_rows > MAX_WRITE_POSITION + 1:
+            # Write positions are the low 32 bits of the executor's packed (order, position) key.
+            raise BadInputError(f"{table_name} {partition_key}: {data.num_rows} rows in one chunk; an ingester "
+                                f"chunk holds at most {MAX_WRITE_POSITION + 1} rows: split the write")
+        file_sort_key: list[str] = []
+        if kind is ChunkKind.PARQUET:
+            data, file_sort_key = _as_persisted(self.catalog, self.conn, partition_id, data, columns, self.sort_key)
+        rel = storage.chunk_path(self.db_id, table_id, partition_id)
+        size = self.staged.write_parquet(
+            data, rel, metadata={"iox.kind": kind.value},
+            dictionary=chunk_files.dictionary_columns(columns) if kind is ChunkKind.INGESTER else None)
+        mm = pc.min_max(data[TIME]).as_py()
+        values: dict[str, object] = dict(
+            object_id=storage.object_id(rel), label=label, table_id=table_id, partition_id=partition_id,
+            store=self.store, path=rel, min_time=mm["min"], max_time=mm["max"], row_count=data.num_rows,
+            file_size=size, column_names=list(chunk_files.column_layout(columns)),
+            tag_ranges={k: list(v) for k, v in chunk_files.tag_ranges(data, columns).items()}, chunk_order=order,
+        )
+        if kind is ChunkKind.PARQUET:
+            values["sort_key"] = list(file_sort_key)
+        self._rows.append((values, WrittenChunk(label or "", table_name, partition_key, data.num_rows, order or 0,
+                                                mm["min"], mm["max"])))
+
+    def register(self) -> list[WrittenChunk]:
+        """Insert the rows of the chunks written since the last call, those without an order taking the next
+        ones of the database's counter in the order they were written; the chunks as written."""
+        rows, self._rows = self._rows, []
+        need = [values for values, _ in rows if values["chunk_order"] is None]
+        for values, order in zip(need, self.catalog.next_orders(self.conn, self.db_id, len(need)) if need else []):
+            values["chunk_order"] = order
+        ids = self.catalog.insert_chunks(self.conn, self.kind, [values for values, _ in rows])
+        prefix = "P" if self.kind is ChunkKind.PARQUET else "I"
+        return [replace(chunk, id=chunk.id or f"{prefix}{chunk_id}", order=int(cast(int, values["chunk_order"])))
+                for (values, chunk), chunk_id in zip(rows, ids)]
 
 
 def store_chunk(
@@ -178,46 +272,11 @@ def store_chunk(
     store: str = LOCAL_STORE,
     lines: set[int] | None = None,
 ) -> WrittenChunk:
-    """Write one chunk of one (table, partition) and register it, inside the caller's transaction.
-
-    `data` has `columns` (and `__seq` for an ingester chunk); a Parquet chunk is deduplicated and sorted here as
-    a persisted file would be. Columns new to the table are added; a type that conflicts with the catalog (a
-    concurrent writer may have added the name first) is an error.
-    """
-    table_id = catalog.ensure_table(conn, db_id, table_name)
-    current = catalog.add_columns(conn, table_id, columns)
-    clashes = [f"{name} ({ctype.value}, but {current[name].value} in the catalog)"
-               for name, ctype in columns.items() if current.get(name) is not ctype]
-    if clashes:
-        where = f"lines {min(lines)}-{max(lines)}: " if lines else ""
-        raise BadInputError(f"{where}{table_name}: column types conflict with the catalog: {', '.join(clashes)}")
-    partition_id = catalog.ensure_partition(conn, table_id, partition_key)
-    if kind is ChunkKind.INGESTER and data.num_rows > MAX_WRITE_POSITION + 1:
-        # Write positions are the low 32 bits of the executor's packed (order, position) key.
-        raise BadInputError(f"{table_name} {partition_key}: {data.num_rows} rows in one chunk; an ingester chunk "
-                            f"holds at most {MAX_WRITE_POSITION + 1} rows: split the write")
-    order = order or catalog.next_orders(conn, db_id, 1)[0]
-    file_sort_key: list[str] = []
-    if kind is ChunkKind.PARQUET:
-        data, file_sort_key = _as_persisted(catalog, conn, partition_id, data, columns, sort_key)
-    rel = storage.chunk_path(db_id, table_id, partition_id)
-    path = staged.root / rel
-    staged.paths.append(path)
-    size = storage.write_parquet_atomic(
-        data, path, metadata={"iox.kind": kind.value},
-        dictionary=chunk_files.dictionary_columns(columns) if kind is ChunkKind.INGESTER else None)
-    mm = pc.min_max(data[TIME]).as_py()
-    values = dict(
-        object_id=storage.object_id(rel), label=label, table_id=table_id, partition_id=partition_id, store=store,
-        path=rel, min_time=mm["min"], max_time=mm["max"], row_count=data.num_rows, file_size=size,
-        column_names=list(chunk_files.column_layout(columns)),
-        tag_ranges={k: list(v) for k, v in chunk_files.tag_ranges(data, columns).items()}, chunk_order=order,
-    )
-    if kind is ChunkKind.PARQUET:
-        values["sort_key"] = list(file_sort_key)
-    chunk_id = catalog.insert_chunk(conn, kind, values)
-    display = label or f"{'P' if kind is ChunkKind.PARQUET else 'I'}{chunk_id}"
-    return WrittenChunk(display, table_name, partition_key, data.num_rows, order, mm["min"], mm["max"])
+    """Write one chunk of one (table, partition) and register it, inside the caller's transaction (`ChunkStore`
+    for one chunk). Columns new to the table are added."""
+    chunks = ChunkStore(catalog, conn, staged, db_id, kind=kind, store=store, sort_key=sort_key)
+    chunks.write(table_name, partition_key, data, columns, order=order, label=label, lines=lines)
+    return chunks.register()[0]
 
 
 def write_table(
@@ -231,16 +290,20 @@ def write_table(
     warehouse: Path | None = None,
 ) -> list[WrittenChunk]:
     """Store an Arrow table (int64 ns `time`) as chunks of `table_name`, one per day partition, in one
-    transaction. For ingester chunks `data` must carry `__seq`; Parquet chunks are deduplicated and sorted."""
+    transaction, within the catalog limits. For ingester chunks `data` must carry `__seq`; Parquet chunks are
+    deduplicated and sorted."""
     staged = storage.Staged(warehouse or default_warehouse())
     with staged.transaction(catalog) as conn:
         db_id = catalog.ensure_database(conn, db)
+        locks.lock_orders(conn, db_id)
         days = np.floor_divide(data[TIME].to_numpy(), NS_PER_DAY)
-        written = []
-        for day in np.unique(days):
-            part = data.filter(pa.array(days == day))
-            written.append(store_chunk(catalog, conn, staged, db_id, table_name,
-                                       partition_of(int(day) * NS_PER_DAY), part, columns, kind=kind))
+        keys = [(int(day), partition_of(int(day) * NS_PER_DAY)) for day in np.unique(days)]
+        check_write(catalog, conn, db, db_id, [(table_name, columns, key) for _, key in keys])
+        chunks = ChunkStore(catalog, conn, staged, db_id, kind=kind)
+        chunks.prepare([(table_name, key, columns, None) for _, key in keys])
+        for day, key in keys:
+            chunks.write(table_name, key, data.filter(pa.array(days == day)), columns)
+        written = chunks.register()
         record_writes(conn, db_id, [c.event() for c in written], orders=[c.order for c in written],
                       source="write")
     return written
@@ -391,6 +454,15 @@ class _Pending:
     def total(self) -> int:
         return self.rows + self.spilled_rows
 
+    def columns(self) -> dict[str, ColumnType]:
+        """Every column of the rows pending (what `take` gives them)."""
+        out: dict[str, ColumnType] = {}
+        for spilled, *_ in self.spilled:
+            out.update(spilled)
+        for cols, _ in self.pieces:
+            out.update(cols)
+        return out
+
     def add(self, columns: dict[str, ColumnType], table: pa.Table, first_line: int, last_line: int) -> None:
         if not self.pieces and not self.spilled:
             self.first_line = first_line
@@ -440,30 +512,39 @@ def _unify(pieces: Sequence[tuple[Mapping[str, ColumnType], pa.Table]]) -> tuple
     schema = chunk_files.arrow_schema(columns, with_seq=True)
     tables = []
     for _, table in pieces:
-        arrays = [table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
-                  for f in schema]
+        names = set(table.column_names)  # a set: a list per column would make a wide table quadratic
+        arrays = [table[f.name] if f.name in names else pa.nulls(table.num_rows, f.type) for f in schema]
         tables.append(pa.Table.from_arrays(arrays, schema=schema))
     return columns, pa.concat_tables(tables)
 
 
 def _write_blocks(catalog: Catalog, conn: Connection, staged: storage.Staged, db: str,
                   blocks: Iterable[Block], parser: StreamParser, accept_partial: bool, source: str,
-                  limit: int) -> WriteResult:
+                  limit: int, shape: WriteShape | None = None) -> WriteResult:
+    """The streamed write inside the caller's transaction. `shape`: what earlier writes of the same transaction
+    brought (the bulk load's plain fallback writes its files one after another): the catalog limits count them
+    too, as one write."""
     spill = _SpillFile(staged.root)
     try:
-        return _write_spilling(catalog, conn, staged, db, blocks, parser, accept_partial, source, limit, spill)
+        return _write_spilling(catalog, conn, staged, db, blocks, parser, accept_partial, source, limit, spill,
+                               shape)
     finally:
         spill.close()
 
 
 def _write_spilling(catalog: Catalog, conn: Connection, staged: storage.Staged, db: str, blocks: Iterable[Block],
                     parser: StreamParser, accept_partial: bool, source: str, limit: int,
-                    spill: _SpillFile) -> WriteResult:
+                    spill: _SpillFile, shape: WriteShape | None) -> WriteResult:
     db_id = catalog.ensure_database(conn, db)
     locks.lock_orders(conn, db_id)
+    # Under the order lock: the limits are read and checked against what no other writer can change until this
+    # write commits (catalog/limits.py). Each new table, column and partition is counted as it is first read, before
+    # any row of it is stored; past a limit nothing more is stored, reading goes on only to count the whole write,
+    # and the write is refused at the end (what it stored before rolls back with the transaction).
+    guard = WriteGuard(catalog, conn, db, db_id, shape=shape)
+    chunks = ChunkStore(catalog, conn, staged, db_id, kind=ChunkKind.INGESTER)
     pending: dict[tuple[str, str], _Pending] = {}
     conflicts: list[LineError] = []
-    written: list[WrittenChunk] = []
     points_seen = 0
     good_seen = 0
 
@@ -472,24 +553,29 @@ def _write_spilling(catalog: Catalog, conn: Connection, staged: storage.Staged, 
         entry = pending[key]
         while entry.total >= limit or (final and entry.total):
             columns, data, lines = entry.take(limit)
-            written.append(store_chunk(catalog, conn, staged, db_id, key[0], key[1], data, columns,
-                                       kind=ChunkKind.INGESTER, lines=lines))
+            chunks.write(key[0], key[1], data, columns, lines=lines)
 
     def relieve() -> None:
         # Many tables or days at once: bound the rows held in memory by spilling the largest's, so that each still
-        # gets full chunks.
-        while sum(p.rows for p in pending.values()) > limit:
-            pending[max(pending, key=lambda k: pending[k].rows)].spill()
+        # gets full chunks. Largest first from one sort, not a search per spill (quadratic over many days).
+        held = sum(p.rows for p in pending.values())
+        if held <= limit:
+            return
+        for key in sorted(pending, key=lambda k: pending[k].rows, reverse=True):
+            held -= pending[key].rows
+            pending[key].spill()
+            if held <= limit:
+                return
 
-    known: dict[str, Mapping[str, ColumnType]] = {}
+    def add(key: tuple[str, str], columns: dict[str, ColumnType], table: pa.Table, first: int, last: int) -> None:
+        if not guard.admit(key[0], columns, key[1]):
+            return  # over a limit: counted, never stored
+        entry = pending.setdefault(key, _Pending(spill))
+        entry.add(columns, table, first, last)
+        if entry.total >= limit:
+            flush(key)
 
-    def catalog_columns(table: str) -> Mapping[str, ColumnType]:
-        if table not in known:
-            table_id = catalog.table_ids(conn, db_id).get(table)
-            known[table] = {} if table_id is None else catalog.table_columns(conn, table_id)
-        return known[table]
-
-    for parsed in parse_blocks(blocks, parser, catalog_columns):
+    for parsed in parse_blocks(blocks, parser, guard.columns):
         if parsed and isinstance(parsed[0], Piece):
             pieces = [p for p in parsed if isinstance(p, Piece)]
             points_seen += sum(p.table.num_rows for p in pieces)
@@ -497,18 +583,15 @@ def _write_spilling(catalog: Catalog, conn: Connection, staged: storage.Staged, 
                 continue
             for piece in pieces:
                 good_seen += piece.table.num_rows
-                key = (piece.measurement, piece.partition)
-                entry = pending.setdefault(key, _Pending(spill))
-                entry.add(piece.columns, piece.table, piece.first_line, piece.last_line)
-                if entry.total >= limit:
-                    flush(key)
+                add((piece.measurement, piece.partition), piece.columns, piece.table, piece.first_line,
+                    piece.last_line)
             relieve()
             continue
         points = cast(list[Point], parsed)
         points_seen += len(points)
         if (parser.errors and not accept_partial) or not points:
             continue  # the write fails at the end; keep reading only to report every bad line
-        found = _check_against_catalog(catalog, conn, db_id, points)
+        found = _check_against_catalog(guard.columns, points)
         if found:
             conflicts.extend(found)
             bad = {e.line for e in found}
@@ -521,10 +604,7 @@ def _write_spilling(catalog: Catalog, conn: Connection, staged: storage.Staged, 
             groups[(point.measurement, partition_of(point.time))].append(point)
         for key, group in groups.items():
             columns = chunk_files.chunk_columns(group)
-            entry = pending.setdefault(key, _Pending(spill))
-            entry.add(columns, chunk_files.points_to_table(group, columns), group[0].line, group[-1].line)
-            if entry.total >= limit:
-                flush(key)
+            add(key, columns, chunk_files.points_to_table(group, columns), group[0].line, group[-1].line)
         relieve()
 
     errors = parser.errors
@@ -538,8 +618,13 @@ def _write_spilling(catalog: Catalog, conn: Connection, staged: storage.Staged, 
         raise BadInputError(_errors_paragraph(conflicts, f"nothing was written to {db!r}"))
     if not good_seen:
         raise BadInputError(f"nothing to write to {db!r}: the input holds no valid point")
-    for key in sorted(k for k, p in pending.items() if p.total):
+    guard.refuse()
+    final = sorted(k for k, p in pending.items() if p.total)
+    # One batch for the catalog: the tables, columns and partitions of every (table, day) left, then their files.
+    chunks.prepare([(k[0], k[1], pending[k].columns(), None) for k in final])
+    for key in final:
         flush(key, final=True)
+    written = chunks.register()
     # New data: logged in this transaction, so materialized intervals it lands in become stale (freshness.py).
     record_writes(conn, db_id, [c.event() for c in written], orders=[c.order for c in written], source="write")
     return WriteResult(tuple(written), tuple(sorted([*errors, *conflicts], key=lambda e: e.line)))

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from iox_planner.catalog.names import UNPRINTABLE
-from iox_planner.ingest.arrow_np import from_numpy, strings, to_numpy
+from iox_planner.ingest.arrow_np import from_numpy, scatter, spread_strings, strings, to_numpy
 from iox_planner.ingest.files import arrow_schema
 from iox_planner.ingest.lineprotocol.limits import Limits
 from iox_planner.ingest.lineprotocol.names import name_ok
@@ -237,10 +237,11 @@ def _general_fields(body: pa.Array, lim: Limits) -> _Fields | None:
             return None
         layouts.append(keys)
     typed: list[dict[str, tuple[ColumnType, pa.Array]]] = []
-    sig_rows: list[np.ndarray] = []
+    # Each layout's rows, in line order, from one stable sort (a mask per layout is quadratic over many layouts).
+    order = np.argsort(sig_codes, kind="stable")
+    sig_rows: list[np.ndarray] = np.split(order, np.cumsum(np.bincount(sig_codes, minlength=len(layouts)))[:-1])
     for s, keys in enumerate(layouts):
-        idx = np.flatnonzero(sig_codes == s)
-        sig_rows.append(idx)
+        idx = sig_rows[s]
         items = pc.split_pattern(body.take(from_numpy(idx)), ",")
         columns: dict[str, tuple[ColumnType, pa.Array]] = {}
         for j, key in enumerate(keys):
@@ -353,12 +354,11 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
     # Names against each other and against the schema known so far (earlier blocks and the catalog).
     first_row_of_head = np.full(len(heads), len(live), dtype=np.int64)
     np.minimum.at(first_row_of_head, head_codes, np.arange(len(live)))
-    heads_of: dict[str, list[int]] = {}
-    for h, (measurement, _) in enumerate(heads):
-        heads_of.setdefault(measurement, []).append(h)
-    sigs_of_measurement: dict[str, set[int]] = {}
-    for h, s in pairs:
-        sigs_of_measurement.setdefault(heads[h][0], set()).add(s)
+    # Each measurement's index, and each row's: the (measurement, layout) pairs and their first rows in one sort
+    # (a mask per pair would cost a pass over the block per pair: quadratic over many measurements or layouts).
+    names = sorted({measurement for measurement, _ in heads})
+    index_of = {m: i for i, m in enumerate(names)}
+    row_measurement = np.array([index_of[m] for m, _ in heads], dtype=np.int64)[head_codes]
     plan: dict[str, dict[str, tuple[ColumnType, int]]] = {}
     # A tag's line is the first line of any head holding it: found per (measurement, tag keys), heads in order.
     first_of_keys: dict[tuple[str, tuple[str, ...]], int] = {}
@@ -374,23 +374,17 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
             prior = cols.get(key)
             if prior is None or line < prior[1]:
                 cols[key] = (ColumnType.TAG, line)
-    in_measurement: dict[str, np.ndarray | None] = {
-        m: None if len(heads_of) == 1 else np.isin(head_codes, np.array(hs)) for m, hs in heads_of.items()}
-    for measurement, sigs in sigs_of_measurement.items():
-        cols = plan[measurement]
-        for s in sigs:
-            # The first line of this layout with this measurement.
-            mask = sig_codes == s
-            here = in_measurement[measurement]
-            if here is not None:
-                mask &= here
-            line = base + int(rows[int(np.argmax(mask))]) + 1
-            for key, (kind, _) in typed[s].items():
-                prior = cols.get(key)
-                if prior is not None and prior[0] is not kind:
-                    return None  # a tag and a field, or two types: the exact parser words it
-                if prior is None or line < prior[1]:
-                    cols[key] = (kind, line)
+    combos, first_rows = np.unique(row_measurement * len(layouts) + sig_codes, return_index=True)
+    for combo_code, first in zip(combos.tolist(), first_rows.tolist()):
+        m, s = divmod(combo_code, len(layouts))
+        cols = plan[names[m]]
+        line = base + int(rows[first]) + 1  # the first line of this layout with this measurement
+        for key, (kind, _) in typed[s].items():
+            prior = cols.get(key)
+            if prior is not None and prior[0] is not kind:
+                return None  # a tag and a field, or two types: the exact parser words it
+            if prior is None or line < prior[1]:
+                cols[key] = (kind, line)
     for measurement, cols in plan.items():
         known = parser.schema.get(measurement, {})
         stored = catalog(measurement) if catalog is not None else {}
@@ -407,69 +401,84 @@ def parse_block(arr: pa.Array | None, parser: StreamParser,
         for key, value in cols.items():
             known.setdefault(key, value)
     parser.lines_read += len(arr)
-    return _pieces(plan, heads, head_codes, in_measurement, layouts, sig_rows, typed, times, base + rows + 1)
+    return _pieces(plan, names, row_measurement, heads, head_codes, sig_codes, sig_rows, typed, times,
+                   base + rows + 1)
 
 
-def _pieces(plan: dict[str, dict[str, tuple[ColumnType, int]]], heads: list[tuple[str, dict[str, str]]],
-            head_codes: np.ndarray, in_measurement: Mapping[str, np.ndarray | None], layouts: list[list[str]],
+def _pieces(plan: Mapping[str, Mapping[str, tuple[ColumnType, int]]], names: list[str], row_measurement: np.ndarray,
+            heads: list[tuple[str, dict[str, str]]], head_codes: np.ndarray, sig_codes: np.ndarray,
             sig_rows: list[np.ndarray], typed: list[dict[str, tuple[ColumnType, pa.Array]]], times: np.ndarray,
             line_numbers: np.ndarray) -> list[Piece]:
-    """The accepted block's rows as one table per (measurement, day), in line order."""
+    """The accepted block's rows as one table per (measurement, day), in line order, each with the columns its
+    rows have (as the exact path gives them). Rows are grouped in one stable sort, and every column is built from
+    the values its rows hold: the cost is the pieces' own size, never (pieces or columns) x (rows of the block)."""
     n = len(times)
-    if len(layouts) == 1:
-        inverse = None  # the one layout's rows are the block's rows, in order
-    else:
-        order = np.concatenate(sig_rows)
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(len(order))
     days = np.floor_divide(times, NS_PER_DAY)
+    if len(names) == 1 and days.min() == days.max():
+        groups = [np.arange(n)]  # the usual block: one measurement, one day
+    else:
+        unique_days, day_index = np.unique(days, return_inverse=True)
+        key = row_measurement * len(unique_days) + day_index
+        order = np.argsort(key, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(key[order])) + 1)
+    # Each row's position among its layout's rows: where its field values lie in `typed`.
+    at_in_layout = np.empty(n, dtype=np.int64)
+    for rows_of in sig_rows:
+        at_in_layout[rows_of] = np.arange(len(rows_of))
     pieces: list[Piece] = []
-    for measurement in sorted(plan):
-        cols = plan[measurement]
-        here = in_measurement[measurement]
-        mine = days if here is None else days[here]
-        block_days = [mine[0]] if mine.min() == mine.max() else np.unique(mine)  # one day: no sort
-        tag_values = {key: strings([tags.get(key) for _, tags in heads])
-                      for key, (kind, _) in cols.items() if kind is ColumnType.TAG}
-        fields: dict[str, pa.Array] = {}
-        for key, (kind, _) in cols.items():
-            if kind is ColumnType.TAG:
-                continue
-            # Every layout's rows, in layout order (other measurements' rows are never taken): a layout
-            # without this field, or with it as another type elsewhere, gives NULLs.
-            parts_of = [typed[s][key][1] if key in typed[s] and typed[s][key][0] is kind
-                        else pa.nulls(len(sig_rows[s]), _ARROW[kind]) for s in range(len(layouts))]
-            fields[key] = parts_of[0] if len(parts_of) == 1 else pa.concat_arrays(parts_of)
-        for day in block_days:
-            if here is None and len(block_days) == 1:
-                sel = None  # the whole block: nothing to take
+    for sel in groups:
+        first = int(sel[0])
+        measurement = names[int(row_measurement[first])]
+        kinds = plan[measurement]
+        count = len(sel)
+        arrays: dict[str, pa.Array] = {}
+        types: dict[str, ColumnType] = {}
+        # Tags: each distinct head of the piece once, then each key's values spread over the rows.
+        head_list, head_of_row = np.unique(head_codes[sel], return_inverse=True)
+        by_key: dict[str, tuple[list[int], list[str]]] = {}
+        for local, h in enumerate(head_list.tolist()):
+            for tag, value in heads[h][1].items():
+                slot = by_key.setdefault(tag, ([], []))
+                slot[0].append(local)
+                slot[1].append(value)
+        # Every row its own head, in head order (each line a new series): the values per head are those per row.
+        one_head_per_row = len(head_list) == count and bool((np.diff(head_list) > 0).all()) and bool(
+            (head_of_row == np.arange(count)).all())
+        for tag, (owners, values) in by_key.items():
+            per_head = spread_strings(len(head_list), np.array(owners, dtype=np.int64), values)
+            arrays[tag] = (per_head if one_head_per_row
+                           else per_head.take(from_numpy(head_of_row.astype(np.int64))))
+            types[tag] = ColumnType.TAG
+        # Fields: each layout of the piece once, its rows' values taken, each key's parts spread over the rows.
+        sigs = sig_codes[sel]
+        if len(typed) == 1:
+            by_layout = [(0, np.arange(count))]
+        else:  # the piece's rows of each layout, in line order, from one stable sort
+            order = np.argsort(sigs, kind="stable")
+            cuts = np.flatnonzero(np.diff(sigs[order])) + 1
+            by_layout = [(int(sigs[rows_of[0]]), rows_of) for rows_of in np.split(order, cuts)]
+        parts: dict[str, list[tuple[np.ndarray, pa.Array]]] = {}
+        for s, mine in by_layout:
+            where = from_numpy(at_in_layout[sel[mine]])
+            for field_key, (kind, values) in typed[s].items():
+                if kinds[field_key][0] is kind:
+                    parts.setdefault(field_key, []).append((mine, values.take(where)))
+        for field_key, found in parts.items():
+            if len(found) == 1 and len(found[0][0]) == count:
+                arrays[field_key] = found[0][1]
             else:
-                mask = days == day
-                if here is not None:
-                    mask &= here
-                sel = np.flatnonzero(mask)
-            take = None if sel is None else from_numpy(sel)
-            arrays: dict[str, pa.Array] = {}
-            types: dict[str, ColumnType] = {}
-            for key, (kind, _) in cols.items():
-                if kind is ColumnType.TAG:
-                    arrays[key] = tag_values[key].take(from_numpy(head_codes if sel is None else head_codes[sel]))
-                elif inverse is None:
-                    arrays[key] = fields[key] if take is None else fields[key].take(take)
-                else:
-                    arrays[key] = fields[key].take(from_numpy(inverse if sel is None else inverse[sel]))
-                types[key] = kind
-            types[TIME] = ColumnType.TIME
-            count = n if sel is None else len(sel)
-            arrays[TIME] = from_numpy(times if sel is None else times[sel])
-            schema = arrow_schema(types, with_seq=True)
-            data = [arrays[f.name] if f.name != WRITE_SEQ else from_numpy(np.arange(count, dtype=np.int64))
-                    for f in schema]
-            table = pa.Table.from_arrays(data, schema=schema)
-            first, last = (0, n - 1) if sel is None else (int(sel[0]), int(sel[-1]))
-            pieces.append(Piece(measurement, partition_of(int(day) * NS_PER_DAY), types, table,
-                                int(line_numbers[first]), int(line_numbers[last])))
-    return pieces
+                positions = np.concatenate([p for p, _ in found])
+                arrays[field_key] = scatter(count, positions, pa.concat_arrays([v for _, v in found]))
+            types[field_key] = kinds[field_key][0]
+        types[TIME] = ColumnType.TIME
+        arrays[TIME] = from_numpy(times[sel])
+        schema = arrow_schema(types, with_seq=True)
+        data = [arrays[f.name] if f.name != WRITE_SEQ else from_numpy(np.arange(count, dtype=np.int64))
+                for f in schema]
+        table = pa.Table.from_arrays(data, schema=schema)
+        pieces.append(Piece(measurement, partition_of(int(days[first]) * NS_PER_DAY), types, table,
+                            int(line_numbers[first]), int(line_numbers[int(sel[-1])])))
+    return pieces  # in (measurement, day) order: the groups' sort key
 
 
 def columns_of(pieces: list[Piece]) -> Mapping[str, Mapping[str, ColumnType]]:
