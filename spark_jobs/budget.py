@@ -28,7 +28,6 @@ import os
 import subprocess
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -36,6 +35,7 @@ from pyspark.sql import SparkSession
 
 from iox_planner.errors import IoxError, clip_message
 from iox_planner.spark.budget import jvm_lost_error, timeout_error
+from spark_jobs.orphans import deadline_tag
 
 CANCEL_EVERY_S = 0.5
 STUCK_GRACE_S = 30.0
@@ -108,7 +108,7 @@ def query_budget(spark: SparkSession, seconds: int) -> Iterator[None]:
     from spark_jobs.connect import is_remote
 
     tags: _Tags | _ConnectTags = _ConnectTags(spark) if is_remote(spark) else _Tags(spark)
-    tag = f"iox-query-{uuid.uuid4().hex}"
+    tag = deadline_tag(seconds)  # the server's watch enforces the deadline it carries too (`orphans.py`)
     tags.add(tag)
     done = threading.Event()
     expired = threading.Event()
