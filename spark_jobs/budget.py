@@ -18,7 +18,8 @@ as a lost py4j connection; the block raises `spark/budget.py` `jvm_lost_error` f
 Over Spark Connect (`connect.py`) the tag is the session's operation tag (`SparkSession.addTag`, also local to the
 thread) and the watchdog interrupts the server's operations that carry it (`interruptTag`), which cancels their
 jobs there (a job Spark submits after the interrupt, from a stage prepared meanwhile, is the server's to cancel:
-`orphans.py`): the server and the other clients' queries go on. A server lost under the block raises the retryable
+`orphans.py`): the server and the other clients' queries go on. The tag carries the deadline (`orphans.deadline_tag`),
+so the server interrupts the query itself a few seconds past it when this process could not (killed, stopped). A server lost under the block raises the retryable
 `SparkUnavailableError`; past the grace the watchdog ends this process only (the server is not ours to stop).
 """
 
