@@ -53,9 +53,10 @@ CONNECT_SERVER_CONF: Mapping[str, str] = {
     "spark.connect.execute.manager.detachedTimeout": "5s",
     "spark.connect.execute.manager.maintenanceInterval": "2s",
     "spark.connect.execute.reattachable.senderMaxStreamDuration": "5s",
-    # A session no RPC has reached for this long is released (its views and cached plans): Spark's default is an
-    # hour; each iox-batch command releases its own at its end, so only a vanished client's waits for this.
-    "spark.connect.session.manager.defaultSessionTimeout": "30min",
+    # A session is released by its command at its end; a vanished client's holds only its views (its running work
+    # stops as above) until Spark's idle timeout releases it (spark.connect.session.manager.defaultSessionTimeout,
+    # an hour): shorter would close the session of a live client that is merely idle (an Airflow worker, a test
+    # run's long-lived client) under it.
     # A cancelled task is watched until it ends; one still running a minute after its cancellation is logged as an
     # error (`.iox/spark-connect.log`). In local mode Spark never kills its JVM for it (that would end every
     # client's queries); on a cluster the executor holding it is restarted.
