@@ -174,11 +174,14 @@ class Supervisor:
             return False
 
     def _parses(self) -> bool:
-        """The gate answers a parse of `SELECT 1` (which goes through the JVM); busy counts as an answer."""
+        """The gate answers a parse of `SELECT 1` with its plan: the JVM's parser answered. A parse that times out
+        (answered as a refusal) or a gate kept busy by parses that do not end is a JVM that does not answer (a
+        connection to its Connect port alone proves nothing: the kernel accepts it for a stopped process)."""
         conn = http.client.HTTPConnection(self.host, self.gate_port, timeout=PROBE_TIMEOUT_S)
         try:
             conn.request("POST", GATE_PATH, body=b"SELECT 1", headers={"Authorization": f"Bearer {self.token}"})
-            return conn.getresponse().status in (200, 503)
+            response = conn.getresponse()
+            return response.status == 200 and b'"plan"' in response.read(1_000_000)
         except (OSError, http.client.HTTPException):
             return False
         finally:
