@@ -18,7 +18,8 @@ as a lost py4j connection; the block raises `spark/budget.py` `jvm_lost_error` f
 Over Spark Connect (`connect.py`) the tag is the session's operation tag (`SparkSession.addTag`, also local to the
 thread) and the watchdog interrupts the server's operations that carry it (`interruptTag`), which cancels their
 jobs there (a job Spark submits after the interrupt, from a stage prepared meanwhile, is the server's to cancel:
-`orphans.py`): the server and the other clients' queries go on. A server lost under the block raises the retryable
+`orphans.py`): the server and the other clients' queries go on. The tag carries the deadline (`orphans.deadline_tag`),
+so the server interrupts the query itself a few seconds past it when this process could not (killed, stopped). A server lost under the block raises the retryable
 `SparkUnavailableError`; past the grace the watchdog ends this process only (the server is not ours to stop).
 """
 
@@ -28,7 +29,6 @@ import os
 import subprocess
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -36,6 +36,7 @@ from pyspark.sql import SparkSession
 
 from iox_planner.errors import IoxError, clip_message
 from iox_planner.spark.budget import jvm_lost_error, timeout_error
+from spark_jobs.orphans import deadline_tag
 
 CANCEL_EVERY_S = 0.5
 STUCK_GRACE_S = 30.0
@@ -108,7 +109,7 @@ def query_budget(spark: SparkSession, seconds: int) -> Iterator[None]:
     from spark_jobs.connect import is_remote
 
     tags: _Tags | _ConnectTags = _ConnectTags(spark) if is_remote(spark) else _Tags(spark)
-    tag = f"iox-query-{uuid.uuid4().hex}"
+    tag = deadline_tag(seconds)  # the server's watch enforces the deadline it carries too (`orphans.py`)
     tags.add(tag)
     done = threading.Event()
     expired = threading.Event()

@@ -208,6 +208,10 @@ def gate_plan_json(spark: Any, text: str) -> str:
         raise BadInputError(f"the last gate of the Spark Connect server at {where} refused the token, so the query "
                             "was not run; IOX_SPARK_GATE_TOKEN must be the token the server was started with")
     answer = _json_object(body) if len(body) <= _MAX_ANSWER else None
+    if status == 503 and answer is not None and answer.get("error") == "busy":
+        raise SparkUnavailableError(f"the last gate of the Spark Connect server at {where} is busy with other "
+                                    "queries' parses, so the query was not run: nothing ran and nothing was "
+                                    "published. Run it again in a moment")
     if status == 200 and answer is not None and isinstance(answer.get("plan"), str):
         return str(answer["plan"])
     if status == 200 and answer is not None and answer.get("error") == "parse":

@@ -29,27 +29,46 @@ from typing import Any, Sequence
 
 from iox_planner import config
 from iox_planner.errors import BadQueryError, IoxError
+from iox_planner.spark.conf import CONNECT_SERVER_CONF
 from iox_planner.spark.server import CONNECT_TOKEN_ENV, GATE_MAX_BYTES, GATE_PATH, check_token, parse_conf
 
 CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
-_BUSY = 8
-"""Parses at once; more are refused (503) rather than queued without bound."""
+_BUSY = 2
+"""Parses at once; more are refused (503) rather than queued without bound. A parse is milliseconds; two at once
+keep a core for the queries whatever texts arrive."""
+PARSE_TIMEOUT_S = 10.0
+"""How long a parse may take before the gate answers that the text is refused: texts within the planner's limits
+(`prescan`) parse in milliseconds. The parse itself cannot be stopped: it keeps its slot of `_BUSY` until it ends."""
 _READ_TIMEOUT_S = 10
 """A client that does not send its whole request within this is dropped."""
 
 
 def server_conf(host: str, port: int, conf: dict[str, str]) -> dict[str, str]:
-    """The user's `--conf`, then what the server must have whatever it says: Connect in the driver, and where it
-    listens (the session's own settings, `spark/conf.py` `session_conf`, are added by `build_session`)."""
-    return {**conf, "spark.plugins": CONNECT_PLUGIN, "spark.connect.grpc.binding.address": host,
+    """The server's own defaults (`spark/conf.py` `CONNECT_SERVER_CONF`: what one query may take, how soon a gone
+    client's work stops), the user's `--conf`, then what the server must have whatever it says: Connect in the
+    driver, and where it listens (the session's own settings, `session_conf`, are added by `build_session`)."""
+    return {**CONNECT_SERVER_CONF, **conf, "spark.plugins": CONNECT_PLUGIN, "spark.connect.grpc.binding.address": host,
             "spark.connect.grpc.binding.port": str(port)}
 
 
 def gate_handler(spark: Any, token: str) -> type[BaseHTTPRequestHandler]:
+    from iox_planner.planner.limits import SqlLimits
+    from iox_planner.planner.sql.parse import prescan
     from spark_jobs.gate import parsed_plan_json
 
     expected = f"Bearer {token}".encode()
     busy = threading.BoundedSemaphore(_BUSY)
+    limits = SqlLimits.from_env()
+
+    def parse(text: str, answer: dict[str, Any], done: threading.Event) -> None:
+        try:
+            prescan(text, limits)  # the planner's limits, before Spark's parser sees the text
+            answer["plan"] = parsed_plan_json(spark, text)
+        except Exception as err:  # noqa: BLE001 - handed to the request's thread
+            answer["error"] = err
+        finally:
+            busy.release()  # only once the parse has really ended: a runaway parse keeps its slot
+            done.set()
 
     class Gate(BaseHTTPRequestHandler):
         timeout = _READ_TIMEOUT_S
@@ -71,14 +90,20 @@ def gate_handler(spark: Any, token: str) -> type[BaseHTTPRequestHandler]:
                 return self._answer(400, {"error": "bad_text", "message": "the text is not whole UTF-8"})
             if not busy.acquire(blocking=False):
                 return self._answer(503, {"error": "busy", "message": f"more than {_BUSY} parses at once"})
-            try:
-                return self._answer(200, {"plan": parsed_plan_json(spark, text)})
-            except BadQueryError as err:
-                return self._answer(200, {"error": "parse", "message": str(err)})
-            except Exception as err:  # noqa: BLE001 - the client refuses the query on any other answer
-                return self._answer(500, {"error": "internal", "message": type(err).__name__})
-            finally:
-                busy.release()
+            answer: dict[str, Any] = {}
+            done = threading.Event()
+            threading.Thread(target=parse, args=(text, answer, done), name="iox-gate-parse", daemon=True).start()
+            if not done.wait(PARSE_TIMEOUT_S):
+                return self._answer(200, {"error": "parse", "message": (
+                    f"Spark's parser did not finish reading the query within {PARSE_TIMEOUT_S:.0f} s, so it is "
+                    "refused; simplify it (fewer values, less nesting)")})
+            error = answer.get("error")
+            if error is None:
+                return self._answer(200, {"plan": answer["plan"]})
+            if isinstance(error, BadQueryError):
+                return self._answer(200, {"error": "parse", "message": str(error)})
+            # The client refuses the query on any other answer.
+            return self._answer(500, {"error": "internal", "message": type(error).__name__})
 
         def do_GET(self) -> None:  # noqa: N802
             self._answer(405, {"error": "method", "message": f"only POST {GATE_PATH}"})
@@ -99,6 +124,21 @@ def gate_handler(spark: Any, token: str) -> type[BaseHTTPRequestHandler]:
             pass  # a line per query is noise in the server's log; the texts are the users' own
 
     return Gate
+
+
+def _end_with(jvm: Any, stopping: threading.Event) -> None:
+    """End this process, with the JVM's exit status, as soon as the JVM it started ends (out of memory, a fatal
+    error, killed) unless it is stopping: a server whose JVM is gone must not live on (its gate up, its Connect port
+    gone, the JVM a zombie), so its supervisor (`connect_supervisor.py`) sees it end and starts it again."""
+
+    def wait() -> None:
+        status = jvm.wait()
+        if not stopping.is_set():
+            print(f"the Spark Connect server's JVM ended (exit status {status}); the server ends with it",
+                  file=sys.stderr, flush=True)
+            os._exit(status if 0 < status < 256 else 128 - status if status < 0 else 1)
+
+    threading.Thread(target=wait, name="iox-jvm-watch", daemon=True).start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,7 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     spark = build_session(app="iox-batch Spark Connect", conf=conf)
     stopping = threading.Event()
-    orphans.watch(spark, stopping)
+    gateway = spark.sparkContext._gateway
+    assert gateway is not None  # this process started the JVM
+    _end_with(gateway.proc, stopping)
+    orphans.watch(spark, stopping, connect=True)
     gate = ThreadingHTTPServer((args.host, args.gate_port), gate_handler(spark, token))
     gate.daemon_threads = True
 

@@ -100,10 +100,12 @@ def both_runners(metafunc: pytest.Metafunc, k: int) -> None:
 
 
 class Server:
-    """The tests' private Connect server, started again when a test has killed it."""
+    """The tests' private Connect server (its supervisor's process group), started again when a test has killed it,
+    waited for while its supervisor restarts it."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, memory: str = "1g") -> None:
         self.log = log
+        self.memory = memory
         self.server: Any = None
         self.proc: Any = None
 
@@ -111,13 +113,47 @@ class Server:
         from iox_planner.spark import server as sparkserver
 
         if self.proc is None or self.proc.poll() is not None:
-            self.server, self.proc = sparkserver.launch(self.log, conf={"spark.driver.memory": "1g"})
-            sparkserver.wait_until_up(self.server, self.proc)
+            self.server, self.proc = sparkserver.launch(self.log, conf={"spark.driver.memory": self.memory})
+        sparkserver.wait_until_up(self.server, self.proc)
         return str(self.server.url())
 
     def kill(self) -> None:
+        """The whole server, supervisor included, at once: nothing is left to start it again."""
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+    def jvms(self) -> list[int]:
+        """The pids of the server's JVM (the serving process's child; one, unless a restart is under way)."""
+        return [pid for pid, comm, _ in _group(self.proc.pid) if comm == "java"]
+
+    def jvm_cpu_s(self) -> float:
+        """CPU seconds the server's JVM has used so far (what a query still running on it shows)."""
+        return sum(cpu for _, comm, cpu in _group(self.proc.pid) if comm == "java")
+
+    def idle_within(self, seconds: float, window_s: float = 2.0, busy_cores: float = 0.3) -> float | None:
+        """The seconds it took the server's JVM to go idle (under `busy_cores` over `window_s`), None if it stayed
+        busy `seconds` long: a query whose command ended must stop using the server."""
+        import time
+
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            before = self.jvm_cpu_s()
+            time.sleep(window_s)
+            if self.jvm_cpu_s() - before < busy_cores * window_s:
+                return time.monotonic() - started - window_s
+        return None
+
+    def wait_busy(self, seconds: float, window_s: float = 1.0, busy_cores: float = 0.4) -> bool:
+        """Whether the server's JVM got busy (a query running on it) within `seconds`."""
+        import time
+
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            before = self.jvm_cpu_s()
+            time.sleep(window_s)
+            if self.jvm_cpu_s() - before >= busy_cores * window_s:
+                return True
+        return False
 
     def stop(self) -> None:
         from iox_planner.spark import server as sparkserver
@@ -133,6 +169,22 @@ class Server:
         url = self.up()
         return {"IOX_RUNNER": "connect", "JAVA_HOME": "/nonexistent/java", "IOX_SPARK_REMOTE": url,
                 "IOX_SPARK_GATE_PORT": str(self.server.gate_port), "IOX_SPARK_GATE_TOKEN": self.server.token}
+
+
+def _group(pgid: int) -> list[tuple[int, str, float]]:
+    """The processes of process group `pgid`: pid, command name, CPU seconds used."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            out.append((int(entry.name), comm, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")))
+    return out
 
 
 def private_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -166,6 +167,21 @@ def test_the_gate_endpoint_parses_one_text_for_the_token_only(connect_server: Se
     assert gate_call(server, b"SELECT 1", server.token, path="/other")[0] == 404
 
 
+def test_the_gate_endpoint_refuses_a_text_past_the_planners_limits_before_sparks_parser(
+        connect_server: Server) -> None:
+    server = connect_server.server
+    texts = {"SELECT " + "(" * 200_000 + "1" + ")" * 200_000: "nests",  # 400 KB of nesting
+             "SELECT 1 FROM t WHERE a IN (" + ",".join(["1"] * 2_000_000) + ")": "syntax nodes"}  # 4 MB, 2M values
+    for text, needle in texts.items():
+        started = time.monotonic()
+        status, answer = gate_call(server, text.encode(), server.token)
+        took = time.monotonic() - started
+        assert status == 200 and answer["error"] == "parse" and needle in answer["message"], (status, answer)
+        assert took < 20, took
+    status, answer = gate_call(server, b"SELECT city FROM __iox_scan_0 WHERE a IN (1, 2)", server.token)
+    assert status == 200 and "UnresolvedRelation" in answer["plan"], answer
+
+
 def test_a_query_is_refused_when_the_gate_refuses_the_token_or_does_not_answer(connect: dict[str, str],
                                                                                h2o: str) -> None:
     import socket
@@ -203,6 +219,64 @@ def test_a_budget_cancels_the_query_on_the_server_which_serves_the_next(connect:
     after = run_cli("query", "--db", h2o, "--format", "jsonl", "--timeout", "60", QUERY, env=connect)
     assert after.returncode == 0, (after.stderr, server_log_tail(connect_server))
     assert jsonl(after.stdout) == ROWS
+
+
+def test_a_query_whose_client_is_killed_or_interrupted_stops_using_the_server(connect: dict[str, str], h2o: str,
+                                                                              connect_server: Server) -> None:
+    exe = Path(sys.executable).parent / "iox-batch"
+    # The budget is an hour: what stops the query on the server is its client gone, not its deadline.
+    for sig in (signal.SIGKILL, signal.SIGINT):
+        proc = subprocess.Popen([str(exe), "query", "--db", h2o, "--timeout", "3600", SLOW],
+                                env={**os.environ, **connect}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            assert connect_server.wait_busy(120), ("the query never ran on the server", server_log_tail(connect_server))
+            proc.send_signal(sig)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        if sig == signal.SIGINT:
+            assert proc.returncode == 130 and stderr.strip() == "interrupted", (proc.returncode, stderr)
+        took = connect_server.idle_within(60)
+        assert took is not None and took < 30, (sig, took, server_log_tail(connect_server))
+    after = run_cli("query", "--db", h2o, "--format", "jsonl", "SELECT count(*) AS n FROM h2o", env=connect)
+    assert after.returncode == 0 and jsonl(after.stdout) == [{"n": 8}], after.stderr
+
+
+# A client that never interrupts its own query (as one stopped or cut off would not): the server's watch does, at the
+# deadline its tag carries.
+DEADLINE_SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    from iox_planner.spark.server import remote
+    from spark_jobs.connect import remote_session
+    from spark_jobs.orphans import deadline_tag
+    spark = remote_session(remote())
+    spark.addTag(deadline_tag(float(sys.argv[1])))
+    started = time.monotonic()
+    try:
+        spark.sql(sys.argv[2]).collect()
+        error = None
+    except Exception as err:
+        error = type(err).__name__ + ": " + str(err)[:300]
+    print(json.dumps({"seconds": time.monotonic() - started, "error": error}))
+""")
+
+
+def test_the_server_stops_a_query_at_its_deadline_whatever_its_client_does(connect: dict[str, str],
+                                                                           connect_server: Server) -> None:
+    from spark_jobs.orphans import GRACE_S
+
+    # SLOW without the catalog: cancellable at every row (a cross join's inner loop checks only between batches).
+    slow = SLOW.replace("FROM h2o", "FROM range(8)")
+    probe = subprocess.run([sys.executable, "-c", DEADLINE_SCRIPT, "3", slow], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, **connect})
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    found = json.loads(probe.stdout.splitlines()[-1])
+    assert found["error"] is not None and "CANCEL" in found["error"].upper(), found
+    assert found["seconds"] < 3 + GRACE_S + 15, found
+    assert "past its query's deadline" in connect_server.log.read_text()
+    took = connect_server.idle_within(30)
+    assert took is not None and took < 10, (took, server_log_tail(connect_server))
 
 
 def test_compaction_and_a_bulk_load_run_their_tasks_over_connect(connect: dict[str, str], catalog: Catalog, db: str,

@@ -80,3 +80,33 @@ def test_a_job_still_running_after_its_query_ended_is_cancelled_and_a_live_query
     assert "had ended" in orphaned["error"], orphaned
     assert orphaned["seconds"] < 30, orphaned
     assert "error" not in lived and len(lived["result"]) == 1, lived
+
+
+def test_a_job_past_its_querys_deadline_is_cancelled_and_one_within_it_is_not(spark: Any) -> None:
+    """The server's look at each query's deadline (the tag `budget.py` sets carries it): whatever became of the
+    client, a job still running past it is cancelled. Here a job of a query whose deadline passed, beside one of a
+    query with an hour left."""
+    sc = spark.sparkContext
+
+    def tagged(seconds: float) -> Any:
+        tag = orphans.deadline_tag(seconds)
+
+        def job() -> Any:
+            sc.setLocalProperty("spark.job.tags", f"SparkConnect_OperationTag_User__Session_x_Tag_{tag}")
+            sc.setInterruptOnCancel(True)
+            return sc.parallelize([0], 1).map(lambda _: time.sleep(20)).collect()
+
+        return job
+
+    stop = threading.Event()
+    orphans.watch(spark, stop)
+    try:
+        overdue_thread, overdue = run_in_thread(tagged(-orphans.GRACE_S - 2))
+        live_thread, live = run_in_thread(tagged(3600))
+        overdue_thread.join(90)
+        live_thread.join(90)
+    finally:
+        stop.set()
+    assert "error" in overdue and "passed its deadline" in overdue["error"], overdue
+    assert overdue["seconds"] < 15, overdue
+    assert "error" not in live and live["seconds"] >= 19, live

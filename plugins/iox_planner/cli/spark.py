@@ -58,12 +58,20 @@ def stop(args: argparse.Namespace, console: Any) -> int:
 
 def status(args: argparse.Namespace, console: Any) -> int:
     """Exit 0 when it answers, 3 otherwise (so a script can wait on it)."""
-    from iox_planner.spark.server import status as server_status
+    from iox_planner.spark.server import read_report, status as server_status
 
     server, state = server_status()
     if server is None:
         console.print("stopped: no Spark Connect server is recorded (iox-batch spark start)")
-    else:
-        console.print(f"{state}: {server.url()} (gate port {server.gate_port}, pid {server.pid}, bound to "
-                      f"{server.host}, log {server.log_file})")
+        return 3
+    report = read_report(server)
+    said = ""
+    if report is not None and report.restarts:
+        said = f"; restarted {report.restarts} time{'s' if report.restarts != 1 else ''} by its supervisor"
+    if report is not None and state in ("restarting", "failed") and report.reason:
+        said += f"; {report.reason}"
+    elif report is not None and report.restarts and report.reason:
+        said += f", last because {report.reason}"
+    console.print(f"{state}: {server.url()} (gate port {server.gate_port}, pid {server.pid}, bound to "
+                  f"{server.host}, log {server.log_file}){said}")
     return 0 if state == "running" else 3

@@ -37,6 +37,34 @@ DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.variable.substitute": "false",
 }
 
+# The Connect server's own defaults (`connect_server.server_conf`; `iox-batch spark start --conf` overrides each):
+# what one client's query may take from the shared JVM, and how soon work whose client is gone stops.
+CONNECT_SERVER_CONF: Mapping[str, str] = {
+    # A request (a plan, SQL and any local rows) and one Arrow batch of a result, far below Spark's defaults
+    # (128 MiB each, 512 MiB of plan): the gate reads at most 4 MiB of SQL, and a result streams in batches.
+    "spark.connect.grpc.maxInboundMessageSize": "32m",
+    "spark.connect.maxPlanSize": "64m",
+    "spark.connect.grpc.arrow.maxBatchSize": "16m",
+    "spark.sql.execution.arrow.maxBytesPerBatch": "16m",
+    # An operation no client is attached to (the client killed or its connection gone) is interrupted after this,
+    # looked at this often (Spark's defaults: 5 minutes, every 30 s). The server notices a client gone only when
+    # it ends the operation's response stream, which it does this often (Spark's default: 2 minutes), a live
+    # client reattaching at once: so a killed client's query stops within about the sum of the three.
+    "spark.connect.execute.manager.detachedTimeout": "5s",
+    "spark.connect.execute.manager.maintenanceInterval": "2s",
+    "spark.connect.execute.reattachable.senderMaxStreamDuration": "5s",
+    # A session is released by its command at its end; a vanished client's holds only its views (its running work
+    # stops as above) until Spark's idle timeout releases it (spark.connect.session.manager.defaultSessionTimeout,
+    # an hour): shorter would close the session of a live client that is merely idle (an Airflow worker, a test
+    # run's long-lived client) under it.
+    # A cancelled task is watched until it ends; one still running a minute after its cancellation is logged as an
+    # error (`.iox/spark-connect.log`). In local mode Spark never kills its JVM for it (that would end every
+    # client's queries); on a cluster the executor holding it is restarted.
+    "spark.task.reaper.enabled": "true",
+    "spark.task.reaper.pollingInterval": "5s",
+    "spark.task.reaper.killTimeout": "60s",
+}
+
 # Settings no configuration may change: with substitution on, a query's '${env:...}' reads the service's
 # environment (the security model says a query reads the catalog's data and nothing else).
 _FIXED_CONF: Mapping[str, str] = {"spark.sql.variable.substitute": "false"}

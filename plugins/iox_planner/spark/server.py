@@ -7,12 +7,14 @@ this server) is stale and replaced.
 The server is one Python process (`spark_jobs/connect_server.py`): a SparkSession whose JVM runs Spark's Connect
 plugin, and beside it the last gate's parse endpoint. One token per server guards both: Spark Connect's own
 pre-shared token (`spark.connect.authenticate.token`, read by the JVM from its environment) and the gate's bearer
-token, so no client without it runs anything there. It runs in its own process group (a stop reaches its JVM and
-Python workers), bound to 127.0.0.1 unless told otherwise, its workers in this virtualenv (`conf.spark_env`), with
-the settings of every iox-batch session (`conf.session_conf`). Another server (IOX_SPARK_REMOTE) is one started the
-same way elsewhere: its gate's port and the token come from IOX_SPARK_GATE_PORT and IOX_SPARK_GATE_TOKEN, and one
-not on this machine is reached over TLS only (IOX_SPARK_TLS_CA: a TLS-terminating proxy in front of both ports, so
-the token never travels in clear). Part of the Spark seam: imports no pyspark.
+token, so no client without it runs anything there. A supervisor (`spark_jobs/connect_supervisor.py`, the recorded
+pid) runs it and starts it again when its JVM dies or wedges, reporting what it does in a file beside the log
+(`Report`). It runs in its own process group (a stop reaches the supervisor, the JVM and its Python workers),
+bound to 127.0.0.1 unless told otherwise, its workers in this virtualenv (`conf.spark_env`), with the settings of
+every iox-batch session (`conf.session_conf`). Another server (IOX_SPARK_REMOTE) is one started the same way
+elsewhere: its gate's port and the token come from IOX_SPARK_GATE_PORT and IOX_SPARK_GATE_TOKEN, and one not on
+this machine is reached over TLS only (IOX_SPARK_TLS_CA: a TLS-terminating proxy in front of both ports, so the
+token never travels in clear). Part of the Spark seam: imports no pyspark.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ CONNECT_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
 """Where Spark Connect's server reads its pre-shared token when `spark.connect.authenticate.token` is not set
 (`Connect.getAuthenticateToken`), and where its Python client looks for one: the environment, never a command line."""
 SERVER_MODULE = "spark_jobs.connect_server"
+SUPERVISOR_MODULE = "spark_jobs.connect_supervisor"
 GATE_PATH = "/parse"
 GATE_MAX_BYTES = 4 * 1_048_576
 """The largest text the gate reads: four times the planner's IOX_MAX_SQL_BYTES default, room for its edits."""
@@ -53,6 +56,9 @@ GATE_TIMEOUT_S = 30.0
 """How long the client waits on the gate: a parse takes milliseconds; a server that does not answer is refused."""
 START_TIMEOUT_S = 180
 """How long a start may take to answer: about 20 s here under load; a JVM still silent after this is wedged."""
+RESTART_WAIT_S = 60
+"""How long a client waits for a server its supervisor is restarting (a JVM starts in 10 to 20 s here) before it
+gives up with the retryable error."""
 STOP_GRACE_S = 15
 """After SIGTERM (the JVM's shutdown hooks remove Spark's temporary folders), how long before SIGKILL."""
 _MIN_TOKEN = 32
@@ -182,6 +188,39 @@ def named_remote(url: str, gate_port: int | None, token: str | None, what: str =
     return Remote(f"sc://{host}:{port}", host.strip("[]"), gate, check_token(token, token_what), tls, ca)
 
 
+@dataclass(frozen=True)
+class Report:
+    """What the supervisor of the server with pid `pid` is doing: `state` (starting, running, restarting, failed,
+    stopped), how many times it restarted the server, why (the last restart's reason, or why it gave up), since
+    when (Unix seconds)."""
+
+    pid: int
+    state: str
+    restarts: int
+    reason: str
+    since: float
+
+
+def report_file(log_file: str | Path) -> Path:
+    """Where the supervisor of the server logging to `log_file` reports (`spark-connect.status.json` beside it)."""
+    return Path(log_file).with_suffix(".status.json")
+
+
+def write_report(path: Path, report: Report) -> None:
+    staged = path.with_suffix(".tmp")
+    staged.write_text(json.dumps(asdict(report)))
+    os.replace(staged, path)
+
+
+def read_report(server: ConnectServer) -> Report | None:
+    """The report of `server`'s own supervisor (one of an earlier server, another pid, is not its)."""
+    try:
+        report = Report(**json.loads(report_file(server.log_file).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return report if report.pid == server.pid else None
+
+
 # --- state -----------------------------------------------------------------------------------------------------
 
 
@@ -211,13 +250,16 @@ def _record(server: ConnectServer) -> None:
 
 
 def _is_ours(pid: int) -> bool:
-    """`pid` runs (not a zombie) and is a Spark Connect server: a pid reused by another process is not ours."""
+    """`pid` runs (not a zombie) and is a Spark Connect server or its supervisor: a pid reused by another process
+    is not ours."""
     try:
         stat = (Path("/proc") / str(pid) / "stat").read_text()
         cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
     except OSError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z" and SERVER_MODULE.encode() in cmdline.split(b"\0")
+    argv = cmdline.split(b"\0")
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" and (SERVER_MODULE.encode() in argv or
+                                                          SUPERVISOR_MODULE.encode() in argv)
 
 
 def _answers(server: ConnectServer) -> bool:
@@ -232,14 +274,23 @@ def _answers(server: ConnectServer) -> bool:
 
 
 def status() -> tuple[ConnectServer | None, str]:
-    """The recorded server and what it is doing: `running`, `starting` (its process runs, its port does not
-    answer yet), `stale` (recorded, but its process is gone), or `stopped` (nothing recorded)."""
+    """The recorded server and what it is doing (`server_state`), or `stopped` when nothing is recorded."""
     server = _recorded()
     if server is None:
         return None, "stopped"
+    return server, server_state(server)
+
+
+def server_state(server: ConnectServer) -> str:
+    """`running` (it answers), `starting` (its first start, not answering yet), `restarting` (its supervisor is
+    starting it again: `read_report` says why and how often), `failed` (its supervisor gave up: the report says
+    why), or `stale` (its process is gone, or is no longer this server)."""
+    report = read_report(server)
     if not _is_ours(server.pid):
-        return server, "stale"
-    return server, "running" if _answers(server) else "starting"
+        return "failed" if report is not None and report.state == "failed" else "stale"
+    if _answers(server):
+        return "running"
+    return "restarting" if report is not None and report.state == "restarting" else "starting"
 
 
 # --- start and stop --------------------------------------------------------------------------------------------
@@ -250,6 +301,11 @@ def ensure_running() -> ConnectServer:
     server, state = status()
     if state == "running" and server is not None:
         return server
+    if state == "failed" and server is not None:
+        report = read_report(server)
+        raise SparkUnavailableError(f"the Spark Connect server at {server.url()} failed and is not restarted by "
+                                    f"itself: {report.reason if report else 'see its log'} (log {server.log_file}); "
+                                    "`iox-batch spark start` starts it again")
     return start()
 
 
@@ -269,9 +325,9 @@ def start(port: int | None = None, host: str | None = None, conf: Mapping[str, s
     check_ports(port)
     with _lock():
         server, state = status()
-        if server is not None and state in ("running", "starting"):
+        if server is not None and state in ("running", "starting", "restarting"):
             _check_same(server, port, host, conf)
-            return _wait(server, None)
+            return _wait(server, None, RESTART_WAIT_S if state == "restarting" else START_TIMEOUT_S)
         _state_file().unlink(missing_ok=True)
         token = config.SPARK_GATE_TOKEN.read()
         server, proc = launch(state_dir() / "spark-connect.log", port, host or "127.0.0.1", conf,
@@ -319,8 +375,11 @@ def launch(log: Path, port: int | None = None, host: str = "127.0.0.1", conf: Ma
     # that is itself a Connect client (PySpark marks it in its environment) does not pass that on: the server's own
     # session would try to be a client too.
     env = {**{k: v for k, v in os.environ.items() if k not in _CLIENT_MODE}, **spark_env(), GATE_TOKEN_ENV: token}
+    report_file(log).unlink(missing_ok=True)
+    supervised = [sys.executable, "-m", SUPERVISOR_MODULE, "--report", str(report_file(log)), "--",
+                  *server_command(chosen, gate_port, host, conf)]
     with open(log, "ab") as sink:
-        proc = subprocess.Popen(server_command(chosen, gate_port, host, conf), stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(supervised, stdin=subprocess.DEVNULL,
                                 stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=str(log.parent),
                                 start_new_session=True)
     return ConnectServer(proc.pid, host, chosen, gate_port, token, str(log), dict(conf or {})), proc
@@ -345,16 +404,22 @@ def server_command(port: int, gate_port: int, host: str, conf: Mapping[str, str]
     return cmd
 
 
-def _wait(server: ConnectServer, proc: subprocess.Popen[bytes] | None) -> ConnectServer:
-    deadline = time.monotonic() + START_TIMEOUT_S
+def _wait(server: ConnectServer, proc: subprocess.Popen[bytes] | None,
+          seconds: float = START_TIMEOUT_S) -> ConnectServer:
+    deadline = time.monotonic() + seconds
     while not _answers(server):
         ended = proc.poll() if proc is not None else (None if _is_ours(server.pid) else -1)
-        if ended is not None:
+        report = read_report(server)
+        if ended is not None or (report is not None and report.state == "failed"):
+            why = report.reason if report is not None and report.reason else _log_tail(server.log_file)
             raise SparkUnavailableError(f"the Spark Connect server did not start (exit status {ended}); its log "
-                                        f"{server.log_file} says why: {_log_tail(server.log_file)}")
+                                        f"{server.log_file} says why: {why}")
         if time.monotonic() > deadline:
-            raise SparkUnavailableError(f"the Spark Connect server (pid {server.pid}) did not answer on ports "
-                                        f"{server.port} and {server.gate_port} within {START_TIMEOUT_S} s; see its log {server.log_file}")
+            doing = f", restarting ({report.reason})" if report is not None and report.state == "restarting" else ""
+            raise SparkUnavailableError(f"the Spark Connect server (pid {server.pid}{doing}) did not answer on ports "
+                                        f"{server.port} and {server.gate_port} within {seconds:.0f} s; see its log "
+                                        f"{server.log_file}, and run the command again once `iox-batch spark "
+                                        "status` says running")
         time.sleep(0.25)
     return server
 

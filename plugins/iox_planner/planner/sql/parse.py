@@ -347,6 +347,49 @@ def _check_tokens(tokens: Sequence[Token], limits: SqlLimits) -> None:
                                    "allowed; compute the columns with SQL functions instead")
 
 
+_SCAN = re.compile(r"""(?P<skip>\s+|--[^\n]*|/\*(?:[^*]|\*(?!/))*(?:\*/|\Z))
+    |(?P<string>[rR]'[^']*(?:'|\Z)|[rR]"[^"]*(?:"|\Z)|'(?:[^'\\]|\\.)*(?:'|\Z)|"(?:[^"\\]|\\.)*(?:"|\Z))
+    |(?P<name>`(?:[^`]|``)*(?:`|\Z)|[A-Za-z0-9_]+)
+    |(?P<other>.)""", re.X | re.S)
+_SCAN_OPENS, _SCAN_CLOSES, _SCAN_UNARY = frozenset("([{"), frozenset(")]}"), frozenset("-+~!")
+GATE_SLACK_DEPTH = 8
+"""Levels the planner's edits may add to a query it accepted (a star's `EXCEPT (...)`, a PIVOT's subquery)."""
+GATE_SLACK_TOKENS = 20_000
+"""Tokens the planner's edits may add (hidden columns, `EXCEPT` lists)."""
+TOKENS_PER_NODE = 3
+"""Tokens a query may have per syntax node the planner allows: about 1 to 2 (commas and parentheses make no node)."""
+
+
+def prescan(sql: str, limits: SqlLimits) -> None:
+    """Refuse, without a parser, a text the planner would refuse: too big, nested too deep (brackets, CASE, a
+    unary chain, brackets inside a string), or with more tokens than `limits.max_nodes` syntax nodes allow. For a
+    text the planner made from an accepted query (the last gate's, `spark_jobs/connect_server.py`), with room for
+    the planner's edits; a cheap regular scan that stops at the first limit, so Spark's parser never sees a text
+    whose parse alone could take the server's memory or minutes of its time."""
+    check_size(sql, SqlLimits(max_bytes=4 * limits.max_bytes))
+    max_depth, max_tokens = limits.max_depth + GATE_SLACK_DEPTH, TOKENS_PER_NODE * limits.max_nodes + GATE_SLACK_TOKENS
+    depth = unary = tokens = 0
+    for found in _SCAN.finditer(sql):
+        kind, text = found.lastgroup, found.group()
+        if kind == "skip":
+            continue
+        tokens += 1
+        word = text.upper() if kind == "name" else ""
+        if text in _SCAN_OPENS or word == "CASE":
+            depth += 1
+        elif text in _SCAN_CLOSES or word == "END":
+            depth = max(depth - 1, 0)
+        elif kind == "string" and literal_depth(text) > max_depth:
+            raise BadQueryError(f"a string literal nests brackets {literal_depth(text)} levels deep, over the limit "
+                                f"of {limits.max_depth} (Spark parses type strings, JSON and CSV text as deeply as "
+                                "they nest); flatten it or raise IOX_MAX_SQL_DEPTH")
+        unary = unary + 1 if text in _SCAN_UNARY or word == "NOT" else 0
+        if depth > max_depth or unary > max_depth:
+            raise depth_error(max(depth, unary), limits)
+        if tokens > max_tokens:
+            raise nodes_error(limits.max_nodes, limits)
+
+
 def literal_depth(text: str) -> int:
     """How deep brackets (`( [ { <`) nest inside a string literal's text."""
     depth = deepest = 0
