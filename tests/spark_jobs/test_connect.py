@@ -182,8 +182,8 @@ def test_the_gate_endpoint_refuses_a_text_past_the_planners_limits_before_sparks
     assert status == 200 and "UnresolvedRelation" in answer["plan"], answer
 
 
-def test_a_query_is_refused_when_the_gate_refuses_the_token_or_does_not_answer(connect: dict[str, str],
-                                                                               h2o: str) -> None:
+def test_a_query_is_refused_when_the_gate_refuses_the_token_or_does_not_answer(
+        connect: dict[str, str], h2o: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
 
     bad = {**connect, "IOX_SPARK_GATE_TOKEN": "f" * 64}
@@ -199,9 +199,14 @@ def test_a_query_is_refused_when_the_gate_refuses_the_token_or_does_not_answer(c
     assert result.stdout == ""
     assert_one_paragraph_error(result, "did not answer", "not run")
     missing = {k: v for k, v in connect.items() if k != "IOX_SPARK_GATE_TOKEN"}
-    result = run_cli("query", "--db", h2o, "SELECT 1", env={**missing, "IOX_SPARK_GATE_TOKEN": ""})
+    monkeypatch.delenv("IOX_SPARK_GATE_TOKEN", raising=False)
+    result = run_cli("query", "--db", h2o, "SELECT 1", env=missing)
     assert result.returncode == 2
     assert_one_paragraph_error(result, "IOX_SPARK_GATE_TOKEN is not set")
+    # An empty value is not taken as unset: every setting is taken exactly.
+    result = run_cli("query", "--db", h2o, "SELECT 1", env={**missing, "IOX_SPARK_GATE_TOKEN": ""})
+    assert result.returncode == 2
+    assert_one_paragraph_error(result, "IOX_SPARK_GATE_TOKEN=''", "it is empty")
 
 
 def test_a_budget_cancels_the_query_on_the_server_which_serves_the_next(connect: dict[str, str], h2o: str,
