@@ -273,3 +273,19 @@ def test_every_command_checks_the_whole_configuration_first(tmp_path: Path) -> N
                           env={**__import__("os").environ, "IOX_COMPACT_SCHEDULE": "@hourly "})
     assert done.returncode == 2 and done.stderr.startswith("error: IOX_COMPACT_SCHEDULE='@hourly ' is not allowed "
                                                            "(it has spaces around it"), done.stderr
+
+
+@pytest.mark.parametrize(("setting", "value", "secret"), [
+    (config.SPARK_GATE_TOKEN, "a" * 40 + "secretpart ", "secretpart"),
+    (config.SPARK_GATE_TOKEN, "s3cr3t" * 6 + "\t", "s3cr3t"),
+    (config.CATALOG_URL, "postgresql://user:hunter2@db.example/catalog ", "hunter2"),
+    (config.SPARK_REMOTE, "sc://127.0.0.1:15002/;token=tok3n", "tok3n"),
+])
+def test_a_refused_value_never_repeats_a_credential(setting: config.Setting[object], value: str,
+                                                    secret: str) -> None:
+    """A token, a URL's password, a Spark Connect URL's `;token=`: refused in one paragraph that shows none of it
+    (a message goes to logs, task logs and terminals)."""
+    with pytest.raises(BadInputError) as err:
+        setting.read({setting.name: value})
+    assert setting.name in str(err.value)
+    assert secret not in str(err.value)

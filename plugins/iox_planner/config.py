@@ -68,8 +68,17 @@ def _point_problem(text: str) -> str | None:
     return None
 
 
+_SECRET = frozenset({"IOX_SPARK_GATE_TOKEN"})
+"""Settings whose value is never repeated in a message, not even in part."""
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+
+
 def _shown(text: str) -> str:
-    return repr(text[:40] + ("..." if len(text) > 40 else ""))
+    """A refused value as a message repeats it: at most 40 characters, without what may be a credential (a URL's
+    user and password, Spark Connect's `;key=value` parameters such as `;token=`)."""
+    text = _USERINFO.sub("***@", text)
+    cut = min(40, text.find(";") if ";" in text else 40)
+    return repr(text[:cut] + ("..." if len(text) > cut else ""))
 
 
 def _form_problem(text: str, newlines: bool = False) -> str | None:
@@ -118,7 +127,8 @@ class Setting(Generic[T]):
                 why: str | None = None) -> BadInputError:
         """The one paragraph for a value this setting does not allow, given as `what` (default: the variable) for
         `subject` (default: the variable; a planner setting's `--set` name, say), saying `why` where known."""
-        shown = _shown(value) if isinstance(value, str) else repr(value)[:40]
+        shown = (f"<{len(value)} characters, not shown>" if self.name in _SECRET and isinstance(value, str) else
+                 _shown(value) if isinstance(value, str) else repr(value)[:40])
         undo = "unset it" if what is None else "leave it out"
         because = f" ({why})" if why else ""
         return BadInputError(f"{what or self.name}={shown} is not allowed{because}: {subject or self.name} takes "
