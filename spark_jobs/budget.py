@@ -16,12 +16,12 @@ A JVM that ends under the block (the driver runs with `-XX:+ExitOnOutOfMemoryErr
 as a lost py4j connection; the block raises `spark/budget.py` `jvm_lost_error` for it instead.
 
 Over Spark Connect (`connect.py`) the tag is the session's operation tag (`SparkSession.addTag`, also local to the
-thread) and the watchdog interrupts the server's operations that carry it (`interruptTag`), which cancels their
-jobs there (a job Spark submits after the interrupt, from a stage prepared meanwhile, is the server's to cancel:
-`orphans.py`): the server and the other clients' queries go on. The tag carries the deadline (`orphans.deadline_tag`),
-so the server interrupts the query itself a few seconds past it when this process could not (killed, stopped). A server lost under the block raises the retryable
-`SparkUnavailableError`; past the grace the watchdog ends this process only (the server is not ours to stop).
-"""
+thread) and the watchdog interrupts the server's operations that carry it (`interruptTag`), which cancels their jobs
+there (a job Spark submits after the interrupt, from a stage prepared meanwhile, is the server's to cancel:
+`orphans.py`): the server and the other clients' queries go on. The tag carries the deadline
+(`orphans.deadline_tag`), so the server interrupts the query itself a few seconds past it when this process could
+not (killed, stopped). A server lost under the block raises the retryable `SparkUnavailableError`; past the grace
+the watchdog ends this process only (the server is not ours to stop)."""
 
 from __future__ import annotations
 

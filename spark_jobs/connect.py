@@ -104,8 +104,9 @@ def remote_session(remote: Remote) -> Any:
         _forget(spark)
         if isinstance(err, IoxError):
             raise
-        raise token_refused(err, url) or server_lost(err, url) or IoxError(f"the Spark Connect server at {url} refused iox-batch's settings: "
-                                                f"{str(err).splitlines()[0][:300] if str(err) else err!r}") from err
+        raise token_refused(err, url) or server_lost(err, url) or IoxError(
+            f"the Spark Connect server at {url} refused iox-batch's settings: "
+            f"{str(err).splitlines()[0][:300] if str(err) else err!r}") from err
     _GATES[id(spark)] = (spark, remote)
     return spark
 

@@ -6,9 +6,9 @@ refused; a materialized run and `iox_refresh` (a launcher of its own) run there 
 task log, XCom or run record.
 
 The server is named the way a deployment names it to Airflow: the `iox_spark_connect` connection (the provider's
-`spark_connect` type, the server's token in its password, the gate's port in its extra). These runs have a dag.test process of their own: a Spark Connect
-client switches its whole Python process to Connect mode, which the spark-submit runs of the other tests must not
-inherit."""
+`spark_connect` type, the server's token in its password, the gate's port in its extra). These runs have a dag.test
+process of their own: a Spark Connect client switches its whole Python process to Connect mode, which the
+spark-submit runs of the other tests must not inherit."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""A Spark Connect server survives any single query (`spark_jobs/connect_supervisor.py`): its JVM killed for real, or
-ended by a query that takes all its memory, is started again by the supervisor within seconds on the same address
+"""A Spark Connect server survives any single query (`spark_jobs/connect_supervisor.py`): its JVM killed for real,
+or ended by a query that takes all its memory, is started again by the supervisor within seconds on the same address
 and tokens, `spark status` says so meanwhile, the query that took it down fails alone with one paragraph, and the
-next query is served. On a private server of this module with a small driver memory (`SMALL_MEMORY`, the least
-Spark starts with and quick to exhaust), never the suite's shared one, which other tests are using. Real Spark, real processes, real signals."""
+next query is served. On a private server of this module with a small driver memory (`SMALL_MEMORY`, the least Spark
+starts with and quick to exhaust), never the suite's shared one, which other tests are using. Real Spark, real
+processes, real signals."""
 
 from __future__ import annotations
 

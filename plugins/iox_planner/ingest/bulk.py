@@ -510,7 +510,8 @@ def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeRes
         moves: list[tuple[Path, str]] = []
         for c in chunks:
             table_id = table_ids[c.table]
-            moves.append((staging / c.file, storage.chunk_path(db_id, table_id, partition_ids[(table_id, c.partition)])))
+            target = storage.chunk_path(db_id, table_id, partition_ids[(table_id, c.partition)])
+            moves.append((staging / c.file, target))
         # The manifest first: a sweep after a crash from here on knows which moved files were this load's.
         manifest = staging / storage.BULK_MANIFEST
         manifest.write_text(json.dumps([rel for _, rel in moves]))
