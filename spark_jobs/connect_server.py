@@ -30,7 +30,7 @@ from typing import Any, Sequence
 from iox_planner import config
 from iox_planner.errors import BadQueryError, IoxError
 from iox_planner.spark.conf import CONNECT_SERVER_CONF
-from iox_planner.spark.server import CONNECT_TOKEN_ENV, GATE_MAX_BYTES, GATE_PATH, check_token, parse_conf
+from iox_planner.spark.server import CONNECT_TOKEN_ENV, GATE_MAX_BYTES, GATE_PATH, PROBE_TEXT, check_token, parse_conf
 
 CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 _BUSY = 2
@@ -58,16 +58,19 @@ def gate_handler(spark: Any, token: str) -> type[BaseHTTPRequestHandler]:
 
     expected = f"Bearer {token}".encode()
     busy = threading.BoundedSemaphore(_BUSY)
+    # The supervisor's probe has a slot of its own: parses that each end within the timeout, sent back to back,
+    # keep `busy` full for good, and a probe answered 503 meanwhile would have the JVM restarted under every query.
+    probing = threading.BoundedSemaphore(1)
     limits = SqlLimits.from_env()
 
-    def parse(text: str, answer: dict[str, Any], done: threading.Event) -> None:
+    def parse(text: str, answer: dict[str, Any], done: threading.Event, slot: threading.BoundedSemaphore) -> None:
         try:
             prescan(text, limits)  # the planner's limits, before Spark's parser sees the text
             answer["plan"] = parsed_plan_json(spark, text)
         except Exception as err:  # noqa: BLE001 - handed to the request's thread
             answer["error"] = err
         finally:
-            busy.release()  # only once the parse has really ended: a runaway parse keeps its slot
+            slot.release()  # only once the parse has really ended: a runaway parse keeps its slot
             done.set()
 
     class Gate(BaseHTTPRequestHandler):
@@ -88,11 +91,13 @@ def gate_handler(spark: Any, token: str) -> type[BaseHTTPRequestHandler]:
                 text = self.rfile.read(int(length)).decode("utf-8")
             except (OSError, UnicodeDecodeError):
                 return self._answer(400, {"error": "bad_text", "message": "the text is not whole UTF-8"})
-            if not busy.acquire(blocking=False):
+            slot = probing if text == PROBE_TEXT else busy
+            if not slot.acquire(blocking=False):
                 return self._answer(503, {"error": "busy", "message": f"more than {_BUSY} parses at once"})
             answer: dict[str, Any] = {}
             done = threading.Event()
-            threading.Thread(target=parse, args=(text, answer, done), name="iox-gate-parse", daemon=True).start()
+            threading.Thread(target=parse, args=(text, answer, done, slot), name="iox-gate-parse",
+                             daemon=True).start()
             if not done.wait(PARSE_TIMEOUT_S):
                 return self._answer(200, {"error": "parse", "message": (
                     f"Spark's parser did not finish reading the query within {PARSE_TIMEOUT_S:.0f} s, so it is "

@@ -38,7 +38,7 @@ from typing import Sequence
 
 from iox_planner import config
 from iox_planner.spark.conf import OOM_EXIT_STATUSES
-from iox_planner.spark.server import GATE_PATH, START_TIMEOUT_S, Report, write_report
+from iox_planner.spark.server import GATE_PATH, PROBE_TEXT, START_TIMEOUT_S, Report, write_report
 
 EVERY_S = 1.0
 """How often the serving process is looked at."""
@@ -179,7 +179,7 @@ class Supervisor:
         connection to its Connect port alone proves nothing: the kernel accepts it for a stopped process)."""
         conn = http.client.HTTPConnection(self.host, self.gate_port, timeout=PROBE_TIMEOUT_S)
         try:
-            conn.request("POST", GATE_PATH, body=b"SELECT 1", headers={"Authorization": f"Bearer {self.token}"})
+            conn.request("POST", GATE_PATH, body=PROBE_TEXT.encode(), headers={"Authorization": f"Bearer {self.token}"})
             response = conn.getresponse()
             return response.status == 200 and b'"plan"' in response.read(1_000_000)
         except (OSError, http.client.HTTPException):

@@ -101,6 +101,14 @@ REFUSED = [
     ("SELECT city FROM h2o WHERE city LIKE '%a%a%a%b'", "LIKE pattern"),
     ("SELECT repeat(city, (SELECT max(CAST(area AS INT)) FROM h2o)) AS r FROM h2o", "computed by a subquery"),
     ("SELECT city FROM h2o WHERE city NOT ILIKE '%a%b%c%d' ESCAPE '!'", "LIKE pattern"),
+    # A LIKE pattern that is not one literal is a regex Spark compiles at run time (each kept a core for minutes)
+    ("SELECT city FROM h2o WHERE repeat('a', 3000) LIKE concat('%a%a%a%a%a', '%a%a%a%b')", "must be one string"),
+    ("SELECT city FROM h2o WHERE repeat('a', 3000) ILIKE concat('%a%a%a%a%a', '%a%a%a%b')", "must be one string"),
+    ("SELECT city FROM h2o WHERE city LIKE state", "must be one string literal"),
+    ("SELECT city FROM h2o WHERE city LIKE :p", "must be one string literal"),
+    ("SELECT city FROM h2o WHERE repeat('a', 3000) LIKE ANY ('%a%a%a%a%a%a%a%a%b', 'x')", "LIKE pattern"),
+    ("SELECT city FROM h2o WHERE city NOT ILIKE ALL ('x%', '%a%a%a%b')", "LIKE pattern"),
+    ("SELECT city FROM h2o WHERE city LIKE SOME ('x%', concat('%', state))", "must be one string literal"),
 ]
 
 
@@ -132,6 +140,7 @@ EVERYDAY = [
     "SELECT format_string('%-10s|%5.1f', city, max_temp) AS s, format_number(max_temp, '#,###.#') AS f FROM h2o",
     "SELECT sequence(1, 10) AS s, repeat(city, 3) AS r, lpad(city, 10, '*') AS p FROM h2o",
     "SELECT city FROM h2o WHERE city LIKE '%foo%bar%' OR city ILIKE 'b_s%' OR city RLIKE '.*foo.*bar.*'",
+    "SELECT city FROM h2o WHERE city LIKE ANY ('S%', '%ton') AND city NOT ILIKE ALL ('x%', '%y')",
 ]
 
 

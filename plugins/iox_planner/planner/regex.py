@@ -31,8 +31,8 @@ REGEX_ARGUMENTS: dict[str, tuple[int, ...]] = {
     "str_to_map": (1, 2),
 }
 """Allowed functions whose argument at these 0-based positions Spark compiles as a Java regular expression (Spark's
-documentation of each; `str_to_map`'s two delimiters are regexes). A literal LIKE/ILIKE pattern, which Spark may run
-as a regular expression too, is checked by `like_problem`; one computed from the data is left to Spark."""
+documentation of each; `str_to_map`'s two delimiters are regexes). A LIKE/ILIKE pattern, which Spark may run as a
+regular expression too, must be one string literal, checked by `like_problem`."""
 
 # Character sets, coarsely: a frozenset of code points below 128, plus whether other characters may match.
 _ALL = frozenset(range(128))

@@ -51,6 +51,9 @@ SERVER_MODULE = "spark_jobs.connect_server"
 SUPERVISOR_MODULE = "spark_jobs.connect_supervisor"
 GATE_PATH = "/parse"
 GATE_MAX_BYTES = 4 * 1_048_576
+PROBE_TEXT = "SELECT 1"
+"""The text the supervisor's liveness probe parses (`connect_supervisor.py`): the gate gives it a slot of its own,
+so users' parses keeping every other slot busy are not read as a wedged JVM (and the JVM restarted under them)."""
 """The largest text the gate reads: four times the planner's IOX_MAX_SQL_BYTES default, room for its edits."""
 GATE_TIMEOUT_S = 30.0
 """How long the client waits on the gate: a parse takes milliseconds; a server that does not answer is refused."""

@@ -303,13 +303,34 @@ def check_patterns(statement: exp.Query, source: Source) -> None:
             pattern = node.expression
             literal = isinstance(pattern, exp.Literal) and pattern.is_string
             _check_pattern("RLIKE", str(pattern.this) if literal else None)
-        elif isinstance(node, (exp.Like, exp.ILike)) and isinstance(node.expression, exp.Literal) \
-                and node.expression.is_string:
+        elif isinstance(node, (exp.Like, exp.ILike)):
             escape = node.parent.expression if isinstance(node.parent, exp.Escape) else None
-            why = like_problem(str(node.expression.this), str(escape.this) if escape is not None else "\\")
-            if why is not None:
-                raise UnsupportedError(f"the LIKE pattern {str(node.expression.this)[:80]!r} is refused: Spark runs it "
-                                       f"as a regular expression, and {why}; use fewer % wildcards")
+            for pattern in _like_patterns(node.expression):
+                _check_like(pattern, str(escape.this) if isinstance(escape, exp.Literal) else "\\")
+
+
+def _like_patterns(pattern: exp.Expression) -> list[exp.Expression]:
+    """The patterns of one LIKE/ILIKE: its one pattern, or each of LIKE ANY/ALL/SOME (...)'s."""
+    if isinstance(pattern, (exp.Any, exp.All)):
+        inner = pattern.this
+        return list(inner.expressions) if isinstance(inner, exp.Tuple) else \
+            [inner.this if isinstance(inner, exp.Paren) else inner]
+    return [pattern]
+
+
+def _check_like(pattern: exp.Expression, escape: str) -> None:
+    """A LIKE pattern is one string literal `like_problem` finds safe: Spark compiles any other (computed from the
+    data, a parameter, `concat('%a', ...)`) into a Java regular expression at run time, as uninterruptible as
+    RLIKE's, so `LIKE concat('%a%a%a%a', '%b')` kept cores busy long after its query's budget."""
+    if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+        raise UnsupportedError("the pattern of LIKE/ILIKE must be one string literal ('...'): Spark runs a pattern "
+                               "computed from the data or a parameter as a regular expression that cannot be "
+                               "checked before running, and Java's engine, which cannot be interrupted, may "
+                               "backtrack on it for ever")
+    why = like_problem(str(pattern.this), escape)
+    if why is not None:
+        raise UnsupportedError(f"the LIKE pattern {str(pattern.this)[:80]!r} is refused: Spark runs it "
+                               f"as a regular expression, and {why}; use fewer % wildcards")
 
 
 def _check_pattern(shown: str, pattern: str | None) -> None:
