@@ -10,9 +10,11 @@ must not end with it, nor wait for someone to notice.
 - A restart kills what is left of the serving process's tree (every process of this process group but this one:
   the JVM, its Python workers), then starts it again after a backoff (`BACKOFF_S`, doubling while starts fail).
 - A start that ends or does not answer within `START_TIMEOUT_S` fails; after a failed first start (a setting or
-  the machine: `iox-batch spark start` says why at once), `MAX_FAILED_STARTS` failed restarts in a row, or
-  `MAX_RESTARTS` restarts within `RESTART_WINDOW_S`, the supervisor gives up and ends: a JVM that cannot start
-  does not loop. Its report then says why (`iox-batch spark status`: failed).
+  the machine: `iox-batch spark start` says why at once) or `MAX_FAILED_STARTS` failed restarts in a row, the
+  supervisor gives up and ends: a JVM that cannot start does not loop. Its report then says why (`iox-batch spark
+  status`: failed). A server that starts well is always started again, however often a query ends it (a count of
+  crashes would let one user's repeated query leave the service stopped for everyone); a crash soon after a start
+  (within `STABLE_S`) doubles the backoff instead.
 
 What it is doing goes to its report file (`server.py` `Report`: state, restarts, reason), beside the log.
 `iox-batch spark stop` signals the whole process group: the serving process stops, and the supervisor with it
@@ -32,7 +34,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Sequence
 
@@ -50,8 +51,8 @@ BACKOFF_S = 1.0
 """The wait before a restart, doubled after each failed start (at most `MAX_BACKOFF_S`)."""
 MAX_BACKOFF_S = 30.0
 MAX_FAILED_STARTS = 3
-MAX_RESTARTS = 10
-RESTART_WINDOW_S = 600.0
+STABLE_S = 60.0
+"""A server up this long before it ended restarts after the first backoff again; one that ended sooner doubles it."""
 
 
 def why_it_ended(status: int) -> str:
@@ -82,7 +83,6 @@ class Supervisor:
         self.token = config.SPARK_GATE_TOKEN.read() or ""
         self.stopping = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
-        self.restarts: deque[float] = deque()
         self.report = Report(os.getpid(), "starting", 0, "", time.time())
 
     def tell(self, state: str, reason: str, restarted: bool = False) -> None:
@@ -102,34 +102,30 @@ class Supervisor:
             if self.stopping.is_set():
                 break
             if up:
-                ever_up, failed_starts, backoff = True, 0, BACKOFF_S
+                ever_up, failed_starts = True, 0
                 self.tell("running", self.report.reason)
+                since = time.monotonic()
                 reason = self._watch()
                 if self.stopping.is_set():
                     break
+                # A crash soon after a start backs off further; one after a while up starts from the first wait.
+                backoff = min(backoff * 2, MAX_BACKOFF_S) if time.monotonic() - since < STABLE_S else BACKOFF_S
             else:
                 failed_starts += 1
                 status = self.child.poll()
                 reason = (f"a start failed: {why_it_ended(status)}" if status is not None else
                           f"a start did not answer within {START_TIMEOUT_S} s")
+                backoff = min(backoff * 2, MAX_BACKOFF_S) if failed_starts > 1 else backoff
             self._end_tree()
-            now = time.time()
-            self.restarts.append(now)
-            while self.restarts and self.restarts[0] < now - RESTART_WINDOW_S:
-                self.restarts.popleft()
-            if not ever_up or failed_starts >= MAX_FAILED_STARTS or len(self.restarts) > MAX_RESTARTS:
+            if not ever_up or failed_starts >= MAX_FAILED_STARTS:
                 # A first start that fails is a setting or a machine problem: said at once, not retried.
-                many = ("its first start failed" if not ever_up else
-                        f"{failed_starts} starts in a row failed" if failed_starts >= MAX_FAILED_STARTS else
-                        f"it was restarted {len(self.restarts) - 1} times within {RESTART_WINDOW_S:.0f} s")
+                many = "its first start failed" if not ever_up else f"{failed_starts} starts in a row failed"
                 self.tell("failed", f"{many}, so it is not started again; last: {reason}; see its log, then "
                                     "iox-batch spark start")
                 return 1
             self.tell("restarting", reason, restarted=True)
             if self.stopping.wait(backoff):
                 break
-            if failed_starts:
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
         self._end_tree(graceful=True)
         self.tell("stopped", "")
         return 0
