@@ -358,17 +358,22 @@ GATE_SLACK_TOKENS = 20_000
 """Tokens the planner's edits may add (hidden columns, `EXCEPT` lists)."""
 TOKENS_PER_NODE = 3
 """Tokens a query may have per syntax node the planner allows: about 1 to 2 (commas and parentheses make no node)."""
+GATE_SLACK_LIST = 1_000
+"""Items the planner's edits may add to one bracketed list (an `EXCEPT` list of hidden columns)."""
 
 
 def prescan(sql: str, limits: SqlLimits) -> None:
     """Refuse, without a parser, a text the planner would refuse: too big, nested too deep (brackets, CASE, a
-    unary chain, brackets inside a string), or with more tokens than `limits.max_nodes` syntax nodes allow. For a
+    unary chain, brackets inside a string), a bracketed list longer than `limits.max_list` values (an IN list), or
+    with more tokens than `limits.max_nodes` syntax nodes allow. For a
     text the planner made from an accepted query (the last gate's, `spark_jobs/connect_server.py`), with room for
     the planner's edits; a cheap regular scan that stops at the first limit, so Spark's parser never sees a text
     whose parse alone could take the server's memory or minutes of its time."""
     check_size(sql, SqlLimits(max_bytes=4 * limits.max_bytes))
     max_depth, max_tokens = limits.max_depth + GATE_SLACK_DEPTH, TOKENS_PER_NODE * limits.max_nodes + GATE_SLACK_TOKENS
+    max_items = limits.max_list + GATE_SLACK_LIST
     depth = unary = tokens = 0
+    commas = [0]  # per open bracket (the text's own level first): an IN list of millions is refused as one
     for found in _SCAN.finditer(sql):
         kind, text = found.lastgroup, found.group()
         if kind == "skip":
@@ -377,8 +382,16 @@ def prescan(sql: str, limits: SqlLimits) -> None:
         word = text.upper() if kind == "name" else ""
         if text in _SCAN_OPENS or word == "CASE":
             depth += 1
+            if text in _SCAN_OPENS:
+                commas.append(0)
         elif text in _SCAN_CLOSES or word == "END":
             depth = max(depth - 1, 0)
+            if text in _SCAN_CLOSES and len(commas) > 1:
+                commas.pop()
+        elif text == ",":
+            commas[-1] += 1
+            if commas[-1] >= max_items:
+                raise values_error("bracketed", commas[-1] + 1, limits)
         elif kind == "string" and literal_depth(text) > max_depth:
             raise BadQueryError(f"a string literal nests brackets {literal_depth(text)} levels deep, over the limit "
                                 f"of {limits.max_depth} (Spark parses type strings, JSON and CSV text as deeply as "
