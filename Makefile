@@ -82,6 +82,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_late_batch.py
 	$(BIN)/python benchmarks/bench_tsbs.py
 	$(BIN)/python benchmarks/bench_read_once.py
+	$(BIN)/python benchmarks/bench_write_shapes.py
 
 # Compaction and persist speed (issue 25's figures, see benchmarks/README.md): the merge kernel against DuckDB, Polars
 # (when installed) and Arrow on one core; persist rows/s; compaction rows/s against the query-time merge on Spark; a
