@@ -85,7 +85,7 @@ def test_documented_examples_reach_spark_as_written(spark: Any) -> None:
     assert len(examples) > 1_000, len(examples)
     run_all = os.environ.get("IOX_FIDELITY_RUN") == "all"
     sample = set(random.Random(21).sample(range(len(examples)), 40))
-    statements = edited = compared = guarded = refused = 0
+    statements = edited = compared = guarded = refused = computed = 0
     for index, (name, example) in enumerate(examples):
         if re.match(r"\s*SET\b", example, re.I):
             statements += 1
@@ -98,11 +98,14 @@ def test_documented_examples_reach_spark_as_written(spark: Any) -> None:
         try:
             plan = plan_query(example, ONE_TABLE, now_ns=NOW)  # every function here is allowed
         except UnsupportedError as err:
-            # a pattern iox-batch does not read as safe (issue 31): only ones Java refuses too (`\U`)
             assert "regular expression" in str(err), (name, example, str(err))
+            if "must be one string literal" in str(err):
+                computed += 1  # a pattern computed when running (LIKE over concat(...)): refused by design
+                continue
+            refused += 1
+            # a literal pattern iox-batch does not read as safe: only ones Java refuses too (`\U`)
             with pytest.raises(Exception):
                 table_of(spark.sql(example))
-            refused += 1
             continue
         if plan.spark_sql == example and not (run_all or index in sample):
             from spark_jobs.gate import check_query_text
@@ -129,7 +132,7 @@ def test_documented_examples_reach_spark_as_written(spark: Any) -> None:
                           plan.spark_sql) != plan.spark_sql, (name, plan.spark_sql)
             assert got[:2] == want[:2], (name, example, plan.spark_sql)
     assert statements >= 20 and edited >= 5 and compared >= 30, (statements, edited, compared)
-    assert refused <= 3, refused
+    assert refused <= 3 and computed <= 6, (refused, computed)
 
 
 # ---------------------------------------------------------------------------------------------------------------
