@@ -274,6 +274,10 @@ class _Parser:
                 self.at = end + 1
             else:
                 return self._flags()
+        return self._group_body()
+
+    def _group_body(self) -> _Node:
+        """A group's alternation, one level deeper, up to and past its `)`."""
         self.depth += 1
         node = self._alternation()
         self.depth -= 1
@@ -298,13 +302,7 @@ class _Parser:
             self.at += 1
             return None
         self.at += 1
-        self.depth += 1
-        node = self._alternation()
-        self.depth -= 1
-        if self._peek() != ")":
-            raise RegexRefused("it has an unclosed group '('")
-        self.at += 1
-        return node
+        return self._group_body()
 
     def _escape(self) -> _Node:
         ch = self._peek()
