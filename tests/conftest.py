@@ -26,6 +26,35 @@ def _drop_database(name: str) -> None:
     localpg.drop_database(localpg.ensure_running(), name)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def s3_server() -> Iterator[Any]:
+    """This worker's S3 API server on loopback (moto's standalone server, a process of its own), with the
+    `AWS_*` settings pointing every process at it set before any SparkSession starts, so Spark's Python workers
+    inherit them as a deployment's executors would have theirs."""
+    from s3_support import S3Server
+
+    server = S3Server()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    yield server
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    server.stop()
+
+
+@pytest.fixture
+def s3_warehouse(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh `s3://` warehouse in the test bucket, set as IOX_WAREHOUSE for this test."""
+    from s3_support import fresh_prefix
+
+    uri = fresh_prefix()
+    monkeypatch.setenv("IOX_WAREHOUSE", uri)
+    return uri
+
+
 @pytest.fixture(scope="session")
 def catalog_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A catalog database of the test session's own, migrated; the environment points every command at it."""

@@ -38,7 +38,7 @@ def test_core_imports_neither_spark_nor_airflow() -> None:
 # written out here (not derived from the code) so that a new upward import fails this test.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("iox_planner", "iox_planner.errors", "iox_planner.timeutil", "iox_planner.model",
-              "iox_planner.config", "iox_planner.slicing", "iox_planner.faults", "iox_planner.userfiles",
+              "iox_planner.config", "iox_planner.objectstore", "iox_planner.slicing", "iox_planner.faults", "iox_planner.userfiles",
               # Spark's settings, a query's budget and spark-submit's run: no pyspark, below everything.
               "iox_planner.spark.conf", "iox_planner.spark.budget", "iox_planner.spark.submit")),
     ("catalog", ("iox_planner.catalog",)),

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
-from iox_planner.errors import BadInputError
+from iox_planner.errors import BadInputError, UnsupportedError
 from iox_planner.model import DB_NAME, MAX_WRITE_POSITION
+from iox_planner.objectstore import Root, is_uri, local_root, parse_root, uri_problem
 
 T = TypeVar("T")
 
@@ -277,6 +278,41 @@ class Folder(Setting[Path | None]):
         return "an absolute path"
 
 
+def _without_userinfo(text: str) -> str:
+    """A URL as it may be shown: anything before an `@` in its authority (a user, a key, a secret) replaced."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return text
+    return f"{scheme}://<credentials hidden>@{rest.split('/', 1)[0].rsplit('@', 1)[1]}" + \
+        (f"/{rest.split('/', 1)[1]}" if "/" in rest else "")
+
+
+@dataclass(frozen=True)
+class Location(Setting[Root | None]):
+    """Where files live: an absolute local folder (as `Folder`) or `s3://BUCKET/PREFIX` on an S3-compatible store
+    (`objectstore.uri_problem` says what a URI may be: no credentials, no port, no query); None when unset."""
+
+    default: str = ""
+
+    def default_value(self) -> Root | None:
+        return None
+
+    def parse(self, text: str, what: str | None = None) -> Root:
+        checked = self.checked(text, what)
+        problem = uri_problem(checked) if is_uri(checked) else path_problem(checked)
+        if problem is not None:
+            raise self.refusal(_without_userinfo(text), what, why=problem)
+        return parse_root(checked)
+
+    @property
+    def shown_default(self) -> str:
+        return self.default
+
+    @property
+    def allowed(self) -> str:
+        return "an absolute path or `s3://BUCKET/PREFIX`"
+
+
 @dataclass(frozen=True)
 class Listed(Setting[tuple[str, ...]]):
     """Items separated by `separator`, each taken exactly and checked by `problem`; () when unset. `storage`: the
@@ -372,11 +408,11 @@ HOME = _declare(Folder(
     "IOX_HOME",
     "the project checkout (catalog_sql/, dags/, spark_jobs/)",
     "the checkout this package runs from"))
-WAREHOUSE = _declare(Folder(
+WAREHOUSE = _declare(Location(
     "IOX_WAREHOUSE",
-    "where the Parquet chunk files live (a local folder: object storage is not supported yet)",
-    "`warehouse/` in the project",
-    storage=True))
+    "where the Parquet chunk files live: a local folder, or `s3://BUCKET/PREFIX` on an S3-compatible store "
+    "(endpoint, region and credentials from the standard `AWS_*` settings)",
+    "`warehouse/` in the project"))
 CATALOG_URL = _declare(Text(
     "IOX_CATALOG_URL",
     "the catalog's SQLAlchemy URL",
@@ -825,7 +861,18 @@ def state_dir() -> Path:
     return path
 
 
+def warehouse_root() -> Root:
+    """Where Parquet lives: IOX_WAREHOUSE (a local folder or `s3://BUCKET/PREFIX`), else the project's own
+    `warehouse/` folder."""
+    root = WAREHOUSE.read()
+    return root if root is not None else local_root(project_root() / "warehouse")
+
+
 def warehouse() -> Path:
-    """Where Parquet lives: IOX_WAREHOUSE, else the project's own `warehouse/` folder."""
-    path = WAREHOUSE.read()
-    return (path if path is not None else project_root() / "warehouse").resolve()
+    """The warehouse as a local folder, for the code that has not moved to `warehouse_root()` yet; an `s3://`
+    warehouse is refused there with one paragraph."""
+    root = warehouse_root()
+    if not root.is_local:
+        raise UnsupportedError(f"this command does not take an object-store warehouse yet (IOX_WAREHOUSE="
+                               f"{root.uri}): give a local folder")
+    return root.local_path

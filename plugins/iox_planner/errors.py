@@ -60,6 +60,15 @@ class SparkUnavailableError(IoxError):
     exit_code = 75
 
 
+class StoreUnavailableError(IoxError):
+    """Retryable: the object store holding the warehouse or an output root did not answer (connection refused, a
+    timeout, a server error). Files are put once under fresh names and a catalog transaction is the only commit,
+    so a command that failed so registered nothing and published nothing; what it had put is an object no row
+    names, which the grace-period sweep removes. Exit status 75 (EX_TEMPFAIL), as a lost catalog."""
+
+    exit_code = 75
+
+
 class UnsupportedError(IoxError):
     """Valid, but not something iox-batch does (yet): a function that reaches outside the catalog, say."""
 
