@@ -16,6 +16,22 @@ import sqlalchemy as sa
 from iox_planner.catalog.store import Catalog
 
 
+FULL = os.environ.get("IOX_TEST_ALL", "") == "1"
+"""`IOX_TEST_ALL=1` runs every case of the suites that CI samples (the object-store legs, the Spark Connect
+supervisor's restarts, the TLS proxy): CI runs `sampled`'s choice, a full run before a release runs them all."""
+
+
+def sampled(cases: list[Any], ci: int) -> list[Any]:
+    """`cases` whole under IOX_TEST_ALL=1, else `ci` of them spread evenly (first and last included), the same
+    ones every run so a failure is reproducible."""
+    if FULL or len(cases) <= ci:
+        return list(cases)
+    if ci <= 1:
+        return list(cases[:ci])
+    step = (len(cases) - 1) / (ci - 1)
+    return [cases[round(i * step)] for i in range(ci)]
+
+
 def free_port() -> int:
     """A local TCP port nothing listens on now (bound, then freed: the caller starts a server on it, or relies
     on nothing answering there)."""
