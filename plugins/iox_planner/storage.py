@@ -31,6 +31,7 @@ from sqlalchemy.engine import Connection
 from iox_planner.catalog.schema import ingester_chunks, parquet_files, tables
 from iox_planner.catalog.store import Catalog
 from iox_planner.model import WRITE_ORDER
+from iox_planner.objectstore import Root, local_root
 
 # --- names and patterns -------------------------------------------------------------------------------------------
 
@@ -100,33 +101,42 @@ def temp_path(path: Path) -> Path:
 # --- writing files ------------------------------------------------------------------------------------------------
 
 
-def write_parquet_atomic(table: pa.Table, path: Path, *, metadata: Mapping[str, str] | None = None,
-                         dictionary: Sequence[str] | None = None, store_schema: bool = True,
-                         fsync: bool = True) -> int:
-    """Write aside, fsync, then rename into place. Returns the file size. `dictionary`: the columns to
-    dictionary-encode; by default the string columns (tags, string fields) and `__write_order` (a merged file's
-    per-row write orders: a few distinct values) only. Tried on float or integer columns
-    of measurements (nearly all values distinct) a dictionary falls back to plain after filling a dictionary page,
-    which made the write about 3x slower and the file larger (measured on the TSBS cpu set: 0.35 s -> 0.13 s,
-    20 -> 17.5 MB for 234 k rows). `store_schema=False` leaves Arrow's own schema out of the file: readers then
-    take the types from the Parquet schema, so a table holding dictionary-encoded strings is read back as plain
-    strings (the file is the same Parquet either way). `fsync=False`: the caller syncs the file before anything
-    relies on it (`Staged.write_parquet`, whose transaction syncs its files together before the COMMIT)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(path)
+def _parquet_writer_options(table: pa.Table, dictionary: Sequence[str] | None) -> dict[str, object]:
+    """The one way chunk files are encoded. `dictionary`: the columns to dictionary-encode; by default the string
+    columns (tags, string fields) and `__write_order` (a merged file's per-row write orders: a few distinct values)
+    only. Tried on float or integer columns of measurements (nearly all values distinct) a dictionary falls back to
+    plain after filling a dictionary page, which made the write about 3x slower and the file larger."""
+    names = set(table.column_names)  # a set: a list would make a wide table's write quadratic
+    if dictionary is None:
+        dictionary = [f.name for f in table.schema if pa.types.is_string(f.type) or f.name == WRITE_ORDER
+                      or pa.types.is_large_string(f.type) or pa.types.is_dictionary(f.type)]
+    return {"compression": "zstd", "use_dictionary": [c for c in dictionary if c in names]}
+
+
+def _encode_parquet(table: pa.Table, sink: object, metadata: Mapping[str, str] | None,
+                    dictionary: Sequence[str] | None, store_schema: bool) -> None:
     if metadata:
         existing = table.schema.metadata or {}
         table = table.replace_schema_metadata({**existing, **{k.encode(): v.encode() for k, v in metadata.items()}})
+    with pq.ParquetWriter(sink, table.schema, store_schema=store_schema,
+                          **_parquet_writer_options(table, dictionary)) as writer:
+        writer.write_table(table)
+        if metadata and not store_schema:  # otherwise the schema's metadata carries it
+            writer.add_key_value_metadata(dict(metadata))
+
+
+def write_parquet_atomic(table: pa.Table, path: Path, *, metadata: Mapping[str, str] | None = None,
+                         dictionary: Sequence[str] | None = None, store_schema: bool = True,
+                         fsync: bool = True) -> int:
+    """A local file: write aside, fsync, then rename into place. Returns the file size. `store_schema=False`
+    leaves Arrow's own schema out of the file: readers then take the types from the Parquet schema, so a table
+    holding dictionary-encoded strings is read back as plain strings (the file is the same Parquet either way).
+    `fsync=False`: the caller syncs the file before anything relies on it (`Staged.write_parquet`, whose
+    transaction syncs its files together before the COMMIT)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
     try:
-        names = set(table.column_names)  # a set: a list would make a wide table's write quadratic
-        if dictionary is None:
-            dictionary = [f.name for f in table.schema if pa.types.is_string(f.type) or f.name == WRITE_ORDER
-                          or pa.types.is_large_string(f.type) or pa.types.is_dictionary(f.type)]
-        with pq.ParquetWriter(tmp, table.schema, compression="zstd", store_schema=store_schema,
-                              use_dictionary=[c for c in dictionary if c in names]) as writer:
-            writer.write_table(table)
-            if metadata and not store_schema:  # otherwise the schema's metadata carries it
-                writer.add_key_value_metadata(dict(metadata))
+        _encode_parquet(table, tmp, metadata, dictionary, store_schema)
         if fsync:
             _fsync(tmp)
         os.replace(tmp, path)
@@ -134,6 +144,19 @@ def write_parquet_atomic(table: pa.Table, path: Path, *, metadata: Mapping[str, 
         tmp.unlink(missing_ok=True)
         raise
     return path.stat().st_size
+
+
+def put_parquet(root: Root, rel: str, table: pa.Table, *, metadata: Mapping[str, str] | None = None,
+                dictionary: Sequence[str] | None = None, store_schema: bool = True, fsync: bool = True) -> int:
+    """`table` as the Parquet file `rel` under `root`, encoded as every chunk file is, put once: on a local
+    folder `write_parquet_atomic`; on a store one object written whole under its final (fresh) name, which no
+    reader finds before a catalog row names it. Returns the file size."""
+    if root.is_local:
+        return write_parquet_atomic(table, root.local_path / rel, metadata=metadata, dictionary=dictionary,
+                                    store_schema=store_schema, fsync=fsync)
+    sink = pa.BufferOutputStream()
+    _encode_parquet(table, sink, metadata, dictionary, store_schema)
+    return root.put_bytes(sink.getvalue().to_pybytes(), rel)
 
 
 def _fsync(path: Path) -> None:
@@ -166,30 +189,48 @@ def write_json_atomic(data: object, path: Path) -> None:
         raise
 
 
+def warehouse_of(given: Root | Path | None) -> Root:
+    """The warehouse a command works in: `given` (a test's or a caller's folder or root), else IOX_WAREHOUSE."""
+    if given is None:
+        from iox_planner.config import warehouse_root
+
+        return warehouse_root()
+    return local_root(given) if isinstance(given, Path) else given
+
+
 @dataclass
 class Staged:
-    """Files written during a command, removed if the catalog transaction does not commit."""
+    """Files written during a command under `root` (the warehouse, local or on a store), removed if the catalog
+    transaction does not commit."""
 
-    root: Path
-    paths: list[Path] = field(default_factory=list)
+    root: Root
+    rels: list[str] = field(default_factory=list)
+    """Every file put so far, relative to the root."""
 
     unsynced: list[Path] = field(default_factory=list)
-    """Files written by `write_parquet` and not yet synced to disk: `sync` (and the transaction's COMMIT) does."""
+    """Local files written by `write_parquet` and not yet synced to disk: `sync` (and the transaction's COMMIT)
+    does. A store's put is durable when it returns."""
+
+    def add(self, rel: str) -> None:
+        """Count a file the caller puts itself as staged (removed on rollback)."""
+        self.rels.append(rel)
 
     def rollback(self) -> None:
-        for path in self.paths:
-            path.unlink(missing_ok=True)
+        for rel in self.rels:
+            with contextlib.suppress(Exception):  # a store gone away keeps the orphan: the sweep takes it later
+                self.root.delete(rel)
 
     def write_parquet(self, table: pa.Table, rel: str, **options: object) -> int:
-        """`write_parquet_atomic` to `rel` under the root, staged, its fsync left to `sync`; the file size."""
-        path = self.root / rel
-        self.paths.append(path)
-        size = write_parquet_atomic(table, path, fsync=False, **options)  # type: ignore[arg-type]
-        self.unsynced.append(path)
+        """`put_parquet` to `rel` under the root, staged, a local file's fsync left to `sync`; the file size."""
+        self.rels.append(rel)
+        size = put_parquet(self.root, rel, table, fsync=False, **options)  # type: ignore[arg-type]
+        if self.root.is_local:
+            self.unsynced.append(self.root.local_path / rel)
         return size
 
     def sync(self) -> None:
-        """fsync every file `write_parquet` wrote, all at once: before a COMMIT makes a catalog row name them."""
+        """fsync every local file `write_parquet` wrote, all at once: before a COMMIT makes a catalog row name
+        them."""
         fsync_all(self.unsynced)
         self.unsynced = []
 

@@ -120,7 +120,7 @@ def test_the_watermark_is_exact_against_a_write_in_flight(catalog: Catalog, db: 
     committed before the plan is in the chunk list and at or below the watermark."""
     name = f"d_{db}".lower()
     ingest.write_line_protocol(catalog, db, lines(0, 2))  # committed before: seen
-    staged = storage.Staged(warehouse)
+    staged = storage.Staged(storage.warehouse_of(warehouse))
     from iox_planner.ingest.lineprotocol import parse
 
     with catalog.engine.connect() as writer:

@@ -199,7 +199,7 @@ def test_writes_into_one_database_commit_in_the_order_of_their_orders(catalog: C
         ingest.write_line_protocol(catalog, name, f"m v=2 {T0 + 2}")
         done[key] = time.monotonic()
 
-    staged = storage.Staged(warehouse)
+    staged = storage.Staged(storage.warehouse_of(warehouse))
     with catalog.engine.begin() as conn:
         first = ingest.write_points(catalog, db, parse(f"m v=1 {T0 + 1}", default_time=T0).points, conn=conn, staged=staged,
                                     warehouse=warehouse)

@@ -52,7 +52,6 @@ from iox_planner.catalog.limits import CatalogLimits, WriteGuard, WriteShape
 from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.store import Catalog
 from iox_planner import config
-from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError, CatalogUnavailableError
 from iox_planner.faults import kill_point
 from iox_planner.ingest import files as chunk_files
@@ -63,6 +62,7 @@ from iox_planner.ingest.lineprotocol.vectorized import Piece
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import now_ns, partition_of
 from iox_planner.userfiles import open_regular
+from iox_planner.objectstore import Root, local_root
 
 
 def range_bytes() -> int:
@@ -400,7 +400,7 @@ def bulk_write(
     progress: Callable[[str], None] = lambda line: None,
     target_bytes: int | None = None,
     min_ranges: int = 1,
-    warehouse: Path | None = None,
+    warehouse: Root | Path | None = None,
     input_root: Path | None = None,
 ) -> plain.WriteResult:
     """`iox-batch write --spark`: see the module docstring. `min_ranges` (the cluster's parallelism): ranges are
@@ -408,7 +408,7 @@ def bulk_write(
     input must lie in (a triggered load's IOX_BULK_LOAD_ROOT), checked again here on what is actually opened."""
     check_db_name(db)
     precision = Precision(precision)
-    root = warehouse or default_warehouse()
+    root = storage.warehouse_of(warehouse).local_path  # the bulk load is local only so far
     paths = input_files(source, input_root)
     size = sum(p.size for p in paths)
     ranges = plan_ranges(paths, max(1, min(target_bytes or range_bytes(), -(-size // max(1, min_ranges)))))
@@ -472,7 +472,7 @@ def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeRes
     """Register the staged chunks in one transaction on the lock's own session, once it is known to still hold
     the lock: a session that dies before the COMMIT commits nothing, so the check holds until then."""
     chunks = [c for x in results for c in x.chunks]
-    staged = storage.Staged(root)
+    staged = storage.Staged(local_root(root))
     written: list[plain.WrittenChunk] = []
     with staged.transaction(catalog, lock.conn) as conn:
         # First thing in the transaction: from here on the session's death voids the COMMIT.
@@ -519,7 +519,7 @@ def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeRes
         for c, order, (src, rel) in zip(chunks, orders, moves):
             dest = root / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            staged.paths.append(dest)
+            staged.add(rel)
             os.replace(src, dest)
             columns = {name: ColumnType(ctype) for name, ctype in c.columns}
             table_id, partition_id = (int(p) for p in rel.split("/")[1:3])
@@ -541,7 +541,7 @@ def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeRes
 def _plain_load(catalog: Catalog, db: str, paths: Sequence[InputFile], precision: Precision, default_time: int,
                 accept_partial: bool, root: Path) -> plain.WriteResult:
     """The load as plain streamed writes of each file in order, in one transaction (all or nothing)."""
-    staged = storage.Staged(root)
+    staged = storage.Staged(local_root(root))
     chunks: list[plain.WrittenChunk] = []
     rejected: list[LineError] = []
     limit = plain.write_chunk_rows()

@@ -19,6 +19,7 @@ from iox_planner.errors import CatalogError
 from iox_planner.ingest import arrow_np
 from iox_planner.ingest.lineprotocol import Point
 from iox_planner.model import TIME, WRITE_ORDER, WRITE_SEQ, ColumnType, pack_order
+from iox_planner.objectstore import Root, store_errors
 
 ARROW_TYPES: Mapping[ColumnType, pa.DataType] = {
     ColumnType.TAG: pa.string(),
@@ -210,11 +211,15 @@ def dictionary_columns(columns: Mapping[str, ColumnType]) -> list[str]:
             if ctype in (ColumnType.TAG, ColumnType.STRING, ColumnType.TIME)]
 
 
-def read_chunk(path: Path, chunk_id: str, dictionary: Sequence[str] = ()) -> pa.Table:
-    """Read a chunk's file (`dictionary`: these columns dictionary-encoded, as Parquet stores them; a name the file
-    lacks is ignored); a missing or corrupt file is an error naming the file and its chunk."""
+def read_chunk(root: Root, rel: str, chunk_id: str, dictionary: Sequence[str] = ()) -> pa.Table:
+    """Read a chunk's file `rel` under the warehouse `root` (`dictionary`: these columns dictionary-encoded, as
+    Parquet stores them; a name the file lacks is ignored); a missing or corrupt file is an error naming the file
+    and its chunk, a store that does not answer the retryable `StoreUnavailableError`."""
+    path = root.uri_of(rel)
     try:
-        return pq.read_table(path, read_dictionary=list(dictionary) or None)
+        with store_errors(root, "read", rel):
+            return pq.read_table(root.path(rel), filesystem=root.filesystem(),
+                                 read_dictionary=list(dictionary) or None)
     except FileNotFoundError as err:
         raise CatalogError(f"chunk {chunk_id}: its file {path} is missing from the warehouse") from err
     except (pa.ArrowInvalid, OSError) as err:

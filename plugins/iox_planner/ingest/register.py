@@ -25,12 +25,12 @@ from iox_planner.catalog.limits import check_write
 from iox_planner.catalog.names import excerpt, name_problem
 from iox_planner.catalog.schema import tables
 from iox_planner.catalog.store import Catalog, ChunkRow
-from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError
 from iox_planner.ingest import files as chunk_files
 from iox_planner.ingest.lineprotocol import Precision
 from iox_planner.model import LOCAL_STORE, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, check_range, format_time, partition_bounds, partition_of
+from iox_planner.objectstore import Root
 
 
 # --- registering a result as a catalog table ----------------------------------------------------------------------
@@ -142,9 +142,9 @@ def register_interval(
     *,
     tags: Sequence[str],
     interval: tuple[int, int],
-    warehouse: Path | None = None,
+    warehouse: Root | Path | None = None,
     conn: Connection | None = None,
-    written: list[Path] | None = None,
+    written: list[str] | None = None,
     owner: str | None = None,
 ) -> RegisterResult:
     """Write `data` (the result of one interval) as table `table` of database `db`, replacing whatever the table
@@ -173,7 +173,7 @@ def register_interval(
             f"{format_time(end)}); a result registered as a table may only hold rows of its own interval (filter "
             "on time, or bucket time no coarser than the schedule)"
         )
-    root = warehouse or default_warehouse()
+    root = storage.warehouse_of(warehouse)
     if conn is None:
         staged = storage.Staged(root)
         with staged.transaction(catalog) as own:
@@ -185,7 +185,7 @@ def register_interval(
         staged.rollback()
         raise
     if written is not None:
-        written.extend(staged.paths)
+        written.extend(staged.rels)
     return result
 
 
@@ -249,8 +249,7 @@ def _register(
         file_key = [c for c in partition_key if c in columns]
         rows = chunk_files.sort_table(deduped, file_key)
         rel = storage.chunk_path(db_id, table_id, pid)
-        staged.paths.append(root / rel)
-        size = storage.write_parquet_atomic(rows, root / rel, metadata={"iox.kind": ChunkKind.PARQUET.value})
+        size = staged.write_parquet(rows, rel, metadata={"iox.kind": ChunkKind.PARQUET.value})
         file_orders.append(catalog.next_orders(conn, db_id, 1)[0])
         mm = pc.min_max(rows[TIME]).as_py()
         file_id = catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(
@@ -290,14 +289,13 @@ def _trim(
         raise CatalogError(f"chunk {chunk.display_id} of {chunk.table} lives in store {chunk.store!r} and reaches "
                            "outside the interval being replaced; only local files can be rewritten")
     root = staged.root
-    rows = chunk_files.read_chunk(root / chunk.path, chunk.display_id)
+    rows = chunk_files.read_chunk(root, chunk.path, chunk.display_id)
     times = rows[TIME]
     keep = rows.filter(pc.or_(pc.less(times, start), pc.greater_equal(times, end)))
     if keep.num_rows == 0:
         return
     rel = storage.chunk_path(db_id, chunk.table_id, chunk.partition_id)
-    staged.paths.append(root / rel)
-    size = storage.write_parquet_atomic(keep, root / rel, metadata={"iox.kind": chunk.kind.value})
+    size = staged.write_parquet(keep, rel, metadata={"iox.kind": chunk.kind.value})
     columns = {n: table_columns[n] for n in chunk.column_names if n in table_columns}
     mm = pc.min_max(keep[TIME]).as_py()
     values: dict[str, Any] = dict(

@@ -16,6 +16,7 @@ from iox_planner.ingest.lineprotocol import Point, parse
 from iox_planner.model import LOCAL_STORE, MAX_ORDER, TIME, Chunk, ChunkKind, ColumnType, StaticSource
 from iox_planner.timeutil import now_ns, partition_bounds, partition_of
 from iox_planner.userfiles import open_regular
+from iox_planner.objectstore import Root
 
 
 def _excerpt(value: object, size: int = 60) -> str:
@@ -388,7 +389,7 @@ class LoadedChunk:
 
 
 def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
-                  warehouse: Path | None = None) -> tuple[str, list[LoadedChunk]]:
+                  warehouse: Root | Path | None = None) -> tuple[str, list[LoadedChunk]]:
     """`iox-batch load`: every chunk of the scenario into the catalog, in one transaction (all or nothing).
 
     `db` (from --db) wins over the file's `db:`. Loading into an existing database adds to it; default orders
@@ -402,7 +403,6 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
     from iox_planner.ingest.files import chunk_columns
     from iox_planner.ingest import write as ingest
     from iox_planner.catalog.names import check_db_name
-    from iox_planner.config import warehouse as default_warehouse
 
     name = db or scenario.db
     if not name:
@@ -414,7 +414,7 @@ def load_scenario(catalog: Any, scenario: Scenario, db: str | None = None,
             f"{scenario.source}: chunk(s) {', '.join(meta_only)} are metadata only (no `lines`), so there is no "
             "data to load; such scenarios are for `iox-batch explain --chunks`"
         )
-    root = warehouse or default_warehouse()
+    root = storage.warehouse_of(warehouse)
     staged = storage.Staged(root)
     loaded: list[LoadedChunk] = []
     events: list[WriteEvent] = []

@@ -23,7 +23,6 @@ from iox_planner.catalog.freshness import WriteEvent, record_writes
 from iox_planner.catalog.limits import WriteGuard, WriteShape, check_write
 from iox_planner.catalog.names import check_db_name
 from iox_planner.catalog.store import Catalog
-from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError
 from iox_planner.faults import kill_point
 from iox_planner.ingest import files as chunk_files
@@ -33,6 +32,7 @@ from iox_planner.ingest.lineprotocol import LineError, Point, Precision, StreamP
 from iox_planner.ingest.lineprotocol.vectorized import Piece, parse_block
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, WRITE_SEQ, ChunkKind, ColumnType
 from iox_planner.timeutil import NS_PER_DAY, now_ns, partition_of
+from iox_planner.objectstore import Root
 
 @dataclass(frozen=True)
 class WrittenChunk:
@@ -105,7 +105,7 @@ def write_points(
     accept_partial: bool = False,
     conn: Connection | None = None,
     staged: storage.Staged | None = None,
-    warehouse: Path | None = None,
+    warehouse: Root | Path | None = None,
     log_writes: bool = True,
     check_limits: bool = True,
 ) -> WriteResult:
@@ -119,7 +119,7 @@ def write_points(
     (catalog/limits.py) are checked before anything is stored, unless `check_limits` is false (a scenario load
     checks them over all its chunks first).
     """
-    root = warehouse or default_warehouse()
+    root = storage.warehouse_of(warehouse)
     if conn is None:
         own_staged = storage.Staged(root)
         with own_staged.transaction(catalog) as own:
@@ -287,12 +287,12 @@ def write_table(
     columns: Mapping[str, ColumnType],
     *,
     kind: ChunkKind = ChunkKind.PARQUET,
-    warehouse: Path | None = None,
+    warehouse: Root | Path | None = None,
 ) -> list[WrittenChunk]:
     """Store an Arrow table (int64 ns `time`) as chunks of `table_name`, one per day partition, in one
     transaction, within the catalog limits. For ingester chunks `data` must carry `__seq`; Parquet chunks are
     deduplicated and sorted."""
-    staged = storage.Staged(warehouse or default_warehouse())
+    staged = storage.Staged(storage.warehouse_of(warehouse))
     with staged.transaction(catalog) as conn:
         db_id = catalog.ensure_database(conn, db)
         locks.lock_orders(conn, db_id)
@@ -363,7 +363,7 @@ def write_line_blocks(
     accept_partial: bool = False,
     source: str = "input",
     chunk_rows: int | None = None,
-    warehouse: Path | None = None,
+    warehouse: Root | Path | None = None,
 ) -> WriteResult:
     """`iox-batch write`, streaming: blocks of lines are parsed one at a time and their rows gathered per (table,
     day); a table and day holding `chunk_rows` rows is written out as one ingester chunk, the rest at the end, all
@@ -373,7 +373,7 @@ def write_line_blocks(
     check_db_name(db)
     limit = chunk_rows or write_chunk_rows()
     parser = StreamParser(precision=precision, default_time=now_ns())
-    staged = storage.Staged(warehouse or default_warehouse())
+    staged = storage.Staged(storage.warehouse_of(warehouse))
     # Staged.transaction, not engine.begin(): a failed COMMIT must keep its files (see there).
     with staged.transaction(catalog) as conn:
         result = _write_blocks(catalog, conn, staged, db, blocks, parser, accept_partial, source, limit)
@@ -397,8 +397,10 @@ class _SpillFile:
     one per (table, day): a write over a thousand days must not hold a thousand files open), with no name, so a
     killed write leaves nothing behind; emptied whenever nothing in it waits any more."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path | None) -> None:
         self.folder = folder
+        """Where the spill file goes: beside a local warehouse (the same disk), else the system's temporary folder
+        (a store's warehouse has no local folder)."""
         self._file: IO[bytes] | None = None
         self._waiting = 0
 
@@ -408,7 +410,8 @@ class _SpillFile:
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
         if self._file is None:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            if self.folder is not None:
+                self.folder.mkdir(parents=True, exist_ok=True)
             self._file = tempfile.TemporaryFile(dir=self.folder)
         offset = self._file.seek(0, os.SEEK_END)
         self._file.write(sink.getvalue())
@@ -524,7 +527,7 @@ def _write_blocks(catalog: Catalog, conn: Connection, staged: storage.Staged, db
     """The streamed write inside the caller's transaction. `shape`: what earlier writes of the same transaction
     brought (the bulk load's plain fallback writes its files one after another): the catalog limits count them
     too, as one write."""
-    spill = _SpillFile(staged.root)
+    spill = _SpillFile(staged.root.local_path if staged.root.is_local else None)
     try:
         return _write_spilling(catalog, conn, staged, db, blocks, parser, accept_partial, source, limit, spill,
                                shape)

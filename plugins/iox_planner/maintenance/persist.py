@@ -19,13 +19,13 @@ from iox_planner.catalog import locks
 from iox_planner.catalog.names import check_name, excerpt
 from iox_planner.catalog.schema import databases, ingester_chunks, partitions, tables
 from iox_planner.catalog.store import Catalog, ChunkRow
-from iox_planner.config import warehouse as default_warehouse
 from iox_planner.errors import BadInputError, CatalogError, clip_message
 from iox_planner.faults import kill_point
 from iox_planner.ingest import files as chunk_files
 from iox_planner.maintenance.sweeps import (DEFAULT_GRACE_SECONDS, collect_garbage, expire_partitions,
                                             sweep_compaction_strays, sweep_unreferenced)
 from iox_planner.model import LOCAL_STORE, TIME, ChunkKind, ColumnType
+from iox_planner.objectstore import Root
 
 _log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def persist(
     db: str,
     *,
     table: str | None = None,
-    warehouse: Path | None = None,
+    warehouse: Root | Path | None = None,
     grace_seconds: float | None = None,
     after_read: Callable[[], None] | None = None,
     warn: Callable[[str], None] | None = None,
@@ -63,7 +63,7 @@ def persist(
     Partitions past the database's retention are retired first (`sweeps.expire_partitions`), not persisted.
     The sweeps run last; their failure is passed to `warn` (default: the module's logger), never raised.
     """
-    root = warehouse or default_warehouse()
+    root = storage.warehouse_of(warehouse)
     if table is not None:
         check_name(table, "table name")
     with catalog.engine.connect() as conn:
@@ -89,9 +89,10 @@ def persist(
     grace = DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds
     kill_point("persist.before_sweeps")
     try:
-        collect_garbage(catalog, root, grace)
-        sweep_unreferenced(catalog, root, db_id, grace)
-        sweep_compaction_strays(catalog, root, targets)
+        if root.is_local:  # the sweeps list a store's warehouse their own way (issue 32's writers part)
+            collect_garbage(catalog, root.local_path, grace)
+            sweep_unreferenced(catalog, root.local_path, db_id, grace)
+            sweep_compaction_strays(catalog, root.local_path, targets)
     except Exception as err:  # noqa: BLE001 - the persist committed; a sweep left undone is the next one's
         # A command that changed the catalog must not end as failed: the sweeps only reclaim space, and every
         # later persist, compaction or maintenance run sweeps again.
@@ -119,7 +120,7 @@ def _check_mergeable(chunks: Sequence[ChunkRow]) -> None:
 
 
 def _persist_partition(
-    catalog: Catalog, db_id: int, partition_id: int, root: Path, after_read: Callable[[], None] | None
+    catalog: Catalog, db_id: int, partition_id: int, root: Root, after_read: Callable[[], None] | None
 ) -> PersistResult | None:
     staged = storage.Staged(root)
     with staged.transaction(catalog) as conn:
@@ -137,7 +138,7 @@ def _persist_partition(
         # Tags read dictionary-encoded and kept so through the merge into the writer: strings are hashed once (by
         # the reader), not by the merge, the sort and the writer each (about half of persist's time, measured).
         tags = [name for name, ctype in columns.items() if ctype is ColumnType.TAG]
-        parts = [(c.order, chunk_files.read_chunk(root / c.path, c.display_id, tags)) for c in ingester]
+        parts = [(c.order, chunk_files.read_chunk(root, c.path, c.display_id, tags)) for c in ingester]
         # The key from the rows before the merge (the same tag values as after it), so the merge sorts on it.
         key = chunk_files.partition_sort_key(fixed_key, columns, pa.concat_tables(
             [t.select([g for g in tags if g in t.column_names]) for _, t in parts], promote_options="default"))
@@ -147,10 +148,8 @@ def _persist_partition(
         # Each row keeps the order of its key's newest write (a changes read's exact cut, catalog/changes.py).
         merged = chunk_files.deduplicate(parts, columns, sort_key=file_key, keep_dictionary=True, write_orders=True)
         rel = storage.chunk_path(db_id, first.table_id, partition_id)
-        staged.paths.append(root / rel)
         # Without Arrow's schema the file reads back with plain string tags, as every other file.
-        size = storage.write_parquet_atomic(merged, root / rel, metadata={"iox.kind": "parquet"},
-                                            store_schema=False)
+        size = staged.write_parquet(merged, rel, metadata={"iox.kind": "parquet"}, store_schema=False)
         order = max(c.order for c in ingester)
         mm = pc.min_max(merged[TIME]).as_py()
         file_id = catalog.insert_chunk(conn, ChunkKind.PARQUET, dict(

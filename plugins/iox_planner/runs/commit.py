@@ -143,7 +143,7 @@ def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, output: 
     import pyarrow.parquet as pq
 
     from iox_planner.ingest import register
-    from iox_planner.config import warehouse
+    from iox_planner.config import warehouse_root
     from iox_planner.output.publish import fd_path, staged
     from iox_planner.output.formats import arrow_for_parquet, finish_columns, write_text_output
 
@@ -157,11 +157,12 @@ def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, output: 
     table, ns_cols = finish_columns(table)
     target = request.register_as
     db = target.db or request.db
-    written: list[Path] = []
+    written: list[str] = []
+    root = warehouse_root()
     try:
         result = register.register_interval(catalog, db, target.table, table, tags=target.tags,
                                        interval=(request.time_start, request.time_end), conn=conn,
-                                       warehouse=warehouse(), written=written, owner=request.definition)
+                                       warehouse=root, written=written, owner=request.definition)
         if request.format is OutputFormat.PARQUET:
             with staged(output, folder=True, parent=folder) as stage:
                 stage.result.mkdir()
@@ -171,8 +172,8 @@ def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, output: 
                     open(stage.result, "w", encoding="utf-8", newline="") as fh:
                 write_text_output(table, ns_cols, request.format, None, fh)
     except BaseException:
-        for path in written:  # the transaction will not commit: its files go too
-            path.unlink(missing_ok=True)
+        for rel in written:  # the transaction will not commit: its files go too
+            root.delete(rel)
         raise
     registered = {"db": db, "table": target.table, "files": len(result.files), "rows": result.rows,
                   "retired": result.retired, "interval_start": format_time(request.time_start),
