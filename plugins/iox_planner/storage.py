@@ -26,9 +26,10 @@ from typing import Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
 
-from iox_planner.catalog.schema import ingester_chunks, parquet_files, tables
+from iox_planner.catalog.schema import ingester_chunks, parquet_files
 from iox_planner.catalog.store import Catalog
 from iox_planner.model import WRITE_ORDER
 from iox_planner.objectstore import Root, local_root
@@ -265,20 +266,22 @@ class Staged:
 # --- what the catalog names ---------------------------------------------------------------------------------------
 
 
-def referenced(catalog: Catalog, rel: str) -> bool:
-    """Whether a catalog row, live or retired, names the file `rel`: asked on a connection of its own, so a row
-    committed a moment ago counts (the sweeps ask just before deleting)."""
-    with catalog.engine.connect() as conn:
-        return any(conn.execute(sa.select(ct.c.id).where(ct.c.path == rel).limit(1)).first() is not None
-                   for ct in (parquet_files, ingester_chunks))
+NAMED_BATCH = 1000
+"""How many paths one catalog lookup asks about (`named_paths`): a sweep of a large warehouse costs a query per
+this many candidate files, never one per file."""
 
 
-def database_paths(conn: Connection, db_id: int) -> set[str]:
-    """Every path the catalog names in one database, live or retired."""
+def named_paths(catalog: Catalog, rels: Sequence[str]) -> set[str]:
+    """Those of `rels` a catalog row, live or retired, names: one statement per `NAMED_BATCH` paths, each on a
+    connection of its own, so a row committed a moment ago counts (the sweeps ask just before deleting). A catalog
+    error propagates: the caller keeps every file it could not ask about."""
     found: set[str] = set()
-    for ct in (parquet_files, ingester_chunks):
-        found.update(conn.execute(sa.select(ct.c.path).join(tables, ct.c.table_id == tables.c.id)
-                                  .where(tables.c.database_id == db_id)).scalars())
+    for start in range(0, len(rels), NAMED_BATCH):
+        batch = sa.bindparam("paths", list(rels[start:start + NAMED_BATCH]), type_=pg.ARRAY(sa.Text))
+        query = sa.union_all(*(sa.select(ct.c.path).where(ct.c.path == sa.any_(batch))
+                               for ct in (parquet_files, ingester_chunks)))
+        with catalog.engine.connect() as conn:
+            found.update(conn.execute(query).scalars())
     return found
 
 
