@@ -348,10 +348,11 @@ def write_line_protocol(
     accept_partial: bool = False,
     source: str = "input",
     chunk_rows: int | None = None,
+    warehouse: Root | Path | None = None,
 ) -> WriteResult:
     """`iox-batch write` over a text in memory (see `write_line_blocks`)."""
     return write_line_blocks(catalog, db, text_blocks(text, source), precision=precision, accept_partial=accept_partial,
-                             source=source, chunk_rows=chunk_rows)
+                             source=source, chunk_rows=chunk_rows, warehouse=warehouse)
 
 
 def write_line_blocks(
