@@ -230,6 +230,7 @@ class ChunkStore:
         size = self.staged.write_parquet(
             data, rel, metadata={"iox.kind": kind.value},
             dictionary=chunk_files.dictionary_columns(columns) if kind is ChunkKind.INGESTER else None)
+        kill_point("write.chunk_put")  # a file is put, more may follow: the store may go away in between
         mm = pc.min_max(data[TIME]).as_py()
         values: dict[str, object] = dict(
             object_id=storage.object_id(rel), label=label, table_id=table_id, partition_id=partition_id,

@@ -147,6 +147,7 @@ def _persist_partition(
         # Each row keeps the order of its key's newest write (a changes read's exact cut, catalog/changes.py).
         merged = chunk_files.deduplicate(parts, columns, sort_key=file_key, keep_dictionary=True, write_orders=True)
         rel = storage.chunk_path(db_id, first.table_id, partition_id)
+        kill_point("persist.before_put")  # the chunks read and merged, the partition locked, nothing put yet
         # Without Arrow's schema the file reads back with plain string tags, as every other file.
         size = staged.write_parquet(merged, rel, metadata={"iox.kind": "parquet"}, store_schema=False)
         order = max(c.order for c in ingester)
