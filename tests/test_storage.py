@@ -64,10 +64,14 @@ def test_a_file_is_named_while_a_row_names_it_and_the_catalog_is_asked_in_batche
 
     sa.event.listen(catalog.engine, "before_cursor_execute", count)
     try:
-        assert storage.named_paths(catalog, [*unnamed, chunk["path"]]) == {chunk["path"]}
+        # The row's own uuid in another folder, and a temporary's name (no uuid first), are not the row's file.
+        elsewhere = f"{ids[0]}/{ids[1]}/{ids[2] + 1}/{chunk['path'].rsplit('/', 1)[1]}"
+        temporary = storage.temp_path(Path(chunk["path"])).as_posix()
+        assert storage.named_paths(catalog, [*unnamed, elsewhere, temporary, chunk["path"]]) == {chunk["path"]}
     finally:
         sa.event.remove(catalog.engine, "before_cursor_execute", count)
     assert len(statements) == 3, "one statement per batch of paths, never one per path"
     assert storage.named_paths(catalog, []) == set()
+    assert str(chunk["object_id"]) == storage.object_id(chunk["path"]), "the lookup by object_id relies on it"
     with catalog.engine.connect() as conn:
         assert chunk["path"] in storage.partition_paths(conn, chunk["partition_id"])

@@ -38,6 +38,7 @@ from iox_planner.objectstore import Root, local_root
 
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _TEMP = r"\.[0-9a-f]{32}\.tmp"  # what `temp_path` appends
+_UUID_NAME = re.compile(_UUID)
 
 ID_NAME = re.compile(r"[0-9]+")
 """A database, table or partition folder: a catalog id."""
@@ -76,7 +77,7 @@ def compacted_path(db_id: int, table_id: int, partition_id: int) -> str:
 
 def object_id(rel: str) -> str:
     """The catalog's `object_id` of a file: the uuid its name starts with."""
-    return Path(rel).name.split(".")[0]
+    return rel.rpartition("/")[2].split(".")[0]  # string operations: a sweep asks this of every file it lists
 
 
 def new_load_id() -> str:
@@ -273,15 +274,21 @@ this many candidate files, never one per file."""
 
 def named_paths(catalog: Catalog, rels: Sequence[str]) -> set[str]:
     """Those of `rels` a catalog row, live or retired, names: one statement per `NAMED_BATCH` paths, each on a
-    connection of its own, so a row committed a moment ago counts (the sweeps ask just before deleting). A catalog
-    error propagates: the caller keeps every file it could not ask about."""
+    connection of its own, so a row committed a moment ago counts (the sweeps ask just before deleting). Asked by
+    `object_id`, the uuid every file's name starts with (`object_id`; unique and indexed, where `path` is not):
+    a name without one is never a row's. A catalog error propagates: the caller keeps every file it could not ask
+    about."""
     found: set[str] = set()
     for start in range(0, len(rels), NAMED_BATCH):
-        batch = sa.bindparam("paths", list(rels[start:start + NAMED_BATCH]), type_=pg.ARRAY(sa.Text))
-        query = sa.union_all(*(sa.select(ct.c.path).where(ct.c.path == sa.any_(batch))
+        batch = set(rels[start:start + NAMED_BATCH])
+        ids = sorted({object_id(rel) for rel in batch if _UUID_NAME.fullmatch(object_id(rel))})
+        if not ids:
+            continue
+        wanted = sa.bindparam("ids", ids, type_=pg.ARRAY(pg.UUID(as_uuid=False)))
+        query = sa.union_all(*(sa.select(ct.c.path).where(ct.c.object_id == sa.any_(wanted))
                                for ct in (parquet_files, ingester_chunks)))
         with catalog.engine.connect() as conn:
-            found.update(conn.execute(query).scalars())
+            found.update(path for path in conn.execute(query).scalars() if path in batch)
     return found
 
 

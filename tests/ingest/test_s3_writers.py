@@ -143,6 +143,8 @@ def test_every_writer_gives_the_same_rows_and_files_on_a_store_as_on_a_local_fol
         on_store = _all_chunks(catalog, f"{db}_s3{suffix}")
         assert [_comparable(r) for r in on_store] == [_comparable(r) for r in on_disk]
         assert any(r["retired"] for r in on_disk) or suffix, "the persist retired nothing: no persist was tested"
+        # Every writer names a file after its row's object_id: what the sweeps' catalog lookup goes by.
+        assert all(str(r["object_id"]) == Path(r["path"]).name.split(".")[0] for r in on_disk + on_store)
         for disk_row, store_row in zip(on_disk, on_store):
             assert _read(s3_root, store_row["path"]).equals(_read(local, disk_row["path"]), check_metadata=True)
             assert s3_root.info(store_row["path"]).size == store_row["file_size"]

@@ -29,10 +29,18 @@ from iox_planner.objectstore import Root, parse_root
 
 T0 = 1_704_067_200_000_000_000
 DAY = 86_400_000_000_000
-AGE = 2.2
-"""Seconds between putting the "old" objects and the "young" ones: a store's last-modified time has whole
-seconds, so a grace period of `GRACE` falls between the two for sure."""
+AGE = 3.0
+"""Seconds between putting the "old" objects and the "young" ones (a store's last-modified time has whole
+seconds, truncated)."""
 GRACE = 1.0
+"""A grace period the old objects are past, once `AGE` has passed."""
+
+
+def _grace_between(old_put: float) -> float:
+    """A grace period that, taken at once, puts the cutoff half a second after `old_put` (when the last old object
+    was put): every old object is older, and a young one put `AGE` seconds later is younger, its last-modified
+    time truncated to the second, however long the test took in between."""
+    return time.time() - (old_put + 0.5)
 
 
 @pytest.fixture
@@ -80,6 +88,7 @@ def test_the_listing_sweep_deletes_exactly_the_old_unreferenced_objects_in_batch
                f"{int(db_id) + 1000000}/1/2/{uuid.uuid4()}.parquet"}
     for rel in strays | foreign:
         root.put_bytes(b"PAR1", rel)
+    old_put = time.time()
     time.sleep(AGE)
     young = f"{db_id}/{table_id}/{part_id}/{uuid.uuid4()}.parquet"
     root.put_bytes(b"PAR1", young)
@@ -93,7 +102,7 @@ def test_the_listing_sweep_deletes_exactly_the_old_unreferenced_objects_in_batch
     sent, seen = _lookups(catalog)
     sa.event.listen(catalog.engine, "before_cursor_execute", seen)
     try:
-        swept = sweep_unreferenced(catalog, root, int(db_id), grace_seconds=GRACE)
+        swept = sweep_unreferenced(catalog, root, int(db_id), grace_seconds=_grace_between(old_put))
     finally:
         sa.event.remove(catalog.engine, "before_cursor_execute", seen)
     assert sorted(swept) == sorted(strays)
@@ -110,7 +119,7 @@ def test_the_sweep_keeps_everything_when_the_catalog_stops_answering(catalog: Ca
     strays = {f"{db_id}/{table_id}/{part_id}/{uuid.uuid4()}.parquet" for _ in range(3)}
     for rel in strays:
         root.put_bytes(b"PAR1", rel)
-    time.sleep(AGE)
+    time.sleep(GRACE + 0.2)  # last-modified times are truncated: older than GRACE now
     everything = _keys(root)
     url = sa.engine.make_url(catalog_url)
     proxy = CuttableProxy(int(url.port or 5432))
@@ -158,7 +167,7 @@ def test_compaction_strays_and_dead_bulk_loads_on_a_store(catalog: Catalog, db: 
     assert not root.exists(stray) and root.exists(other) and root.exists(nested)
 
     assert sweep_bulk_loads(catalog, root, 3600) == []  # within the grace period
-    time.sleep(AGE)
+    time.sleep(GRACE + 0.2)
     with bulk._load_lock(catalog, load_id):  # a driver still running
         assert sweep_bulk_loads(catalog, root, GRACE) == []
     assert all(root.exists(rel) for rel in [*staged, moved])

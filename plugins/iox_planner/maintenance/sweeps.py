@@ -90,14 +90,14 @@ def _listing(root: Root, prefix: str, folders: dict[str, float] | None = None) -
     if not root.is_local:
         yield from root.list(prefix)
         return
-    base = root.local_path
-    if prefix and (base / prefix).is_symlink():
+    base = str(root.local_path)  # strings, not Paths: a sweep lists every file of a database
+    if prefix and os.path.islink(os.path.join(base, prefix)):
         return
     stack = [prefix]
     while stack:
         rel = stack.pop()
         try:
-            entries = list(os.scandir(base / rel if rel else base))
+            entries = list(os.scandir(os.path.join(base, rel) if rel else base))
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
@@ -211,7 +211,7 @@ def _remove_empty_folders(base: Path, db_id: int, folders: dict[str, float], cut
     for rel in sorted(folders, key=lambda r: r.count("/"), reverse=True):
         if rel.startswith(prefix) and _TABLE_OR_PARTITION.fullmatch(rel) and folders[rel] <= cutoff:
             try:
-                (base / rel).rmdir()
+                os.rmdir(os.path.join(base, rel))
             except OSError:  # not empty (or gone already)
                 pass
 
