@@ -235,3 +235,24 @@ def test_a_store_drop_that_fails_is_a_warning_and_the_sweep_takes_the_leftovers(
     assert [o.rel for o in root.list(db_id)] == [chunk["path"]], "the cut store lost the object anyway"
     assert int(db_id) in sweep_dropped_databases(catalog, root)
     assert list(root.list(db_id)) == []
+
+
+def test_retention_expiry_on_a_store_deletes_the_expired_objects_after_the_grace_period(
+        catalog: Catalog, s3_root: Root) -> None:
+    from iox_planner.catalog.retention import create_database
+    from iox_planner.maintenance.sweeps import expire_databases
+    from iox_planner.timeutil import now_ns
+
+    db = f"t_{uuid.uuid4().hex[:10]}"
+    with catalog.engine.begin() as conn:
+        create_database(conn, db, 7 * DAY)
+    recent = now_ns() - DAY
+    write_line_protocol(catalog, db, f"m,h=a v=1 {T0}\nm,h=a v=2 {recent}\n", warehouse=s3_root)
+    old, new = sorted(live_chunks(catalog, db), key=lambda c: c["min_time"])
+    done = expire_databases(catalog, s3_root, 3600, only=[db])
+    assert [(name, part.partition, count) for name, part, count in done] == [(db, old["partition_key"], 1)]
+    assert [c["path"] for c in live_chunks(catalog, db)] == [new["path"]]
+    assert s3_root.exists(old["path"]), "an expired file went before the grace period"
+    time.sleep(1.1)
+    expire_databases(catalog, s3_root, 0, only=[db])
+    assert not s3_root.exists(old["path"]) and s3_root.exists(new["path"])

@@ -57,8 +57,9 @@ def drop_database(catalog: Catalog, name: str, warehouse: Root | Path | None = N
         record_drop(conn, db_id, name)  # what read it is stale now (catalog/freshness.py)
     try:
         delete_folder(root, str(db_id))
-    except StoreUnavailableError as err:
-        (warn or _log.warning)(f"database {name!r} is dropped, but deleting its files failed ({err}); the "
+    except StoreUnavailableError:  # says "try again", but the drop is done: the sweep finishes it
+        (warn or _log.warning)(f"database {name!r} is dropped, but its files under {root.uri_of(str(db_id))} "
+                               "could not all be deleted (the object store did not answer); the iox_persist "
                                "maintenance run's sweep deletes them later")
     return db_id
 

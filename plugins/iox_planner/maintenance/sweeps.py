@@ -29,13 +29,14 @@ from iox_planner.catalog import locks
 from iox_planner.catalog.retention import ExpiredPartition, cutoff, expired_partitions, retention_of
 from iox_planner.catalog.schema import database_drops, databases, partitions, tables
 from iox_planner.catalog.store import Catalog
-from iox_planner.model import LOCAL_STORE, ChunkKind
 from iox_planner.deletion import delete_files, delete_folder
+from iox_planner.model import LOCAL_STORE, ChunkKind
 from iox_planner.objectstore import ObjectInfo, Root, store_errors
 
 DEFAULT_GRACE_SECONDS = 3600.0
 """How long a retired file stays readable (for queries planned before it was retired), and how old a file no row
 names must be before a sweep takes it for a dead command's (a younger one may belong to a write in flight)."""
+
 
 # --- retention ----------------------------------------------------------------------------------------------------
 
