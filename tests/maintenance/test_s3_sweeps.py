@@ -64,7 +64,7 @@ def _lookups(catalog: Catalog) -> tuple[list[str], Any]:
 
 
 def test_the_listing_sweep_deletes_exactly_the_old_unreferenced_objects_in_batches(
-        catalog: Catalog, db: str, root: Root, monkeypatch: pytest.MonkeyPatch) -> None:
+        catalog: Catalog, db: str, root: Root, s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     lines = "".join(f"m,h=h{k} v={k} {T0 + k * DAY}\n" for k in range(4))
     write_line_protocol(catalog, db, lines, warehouse=root)
     write_line_protocol(catalog, db, f"m,h=h0 v=9 {T0}\n", warehouse=root)
@@ -100,6 +100,7 @@ def test_the_listing_sweep_deletes_exactly_the_old_unreferenced_objects_in_batch
 
     monkeypatch.setattr(storage, "NAMED_BATCH", 3)
     sent, seen = _lookups(catalog)
+    requests_before = len(s3_server.requests())
     sa.event.listen(catalog.engine, "before_cursor_execute", seen)
     try:
         swept = sweep_unreferenced(catalog, root, int(db_id), grace_seconds=_grace_between(old_put))
@@ -109,6 +110,13 @@ def test_the_listing_sweep_deletes_exactly_the_old_unreferenced_objects_in_batch
     assert _keys(root) == named | retired | foreign | {young}
     candidates = len(named | retired | strays)  # every old chunk-named object of the database is asked about
     assert len(sent) == math.ceil(candidates / 3), f"{len(sent)} lookups for {candidates} candidates in batches of 3"
+    # The store: one listing (a page holds 1000 keys), then requests for the deleted objects only.
+    requests = s3_server.requests()[requests_before:]
+    deleted = sorted(p.split("/", 2)[2] for m, p, _ in requests if m == "DELETE")
+    assert deleted == sorted(f"{root.base.split('/', 1)[1]}/{rel}" for rel in strays)
+    listings = [p for m, p, _ in requests if m == "GET" and "list-type" in p]
+    assert len(listings) <= 3, listings  # `_bulk/` (none there) and the database's prefix: pages, not files
+    assert {p.split("?")[0] for m, p, _ in requests if m == "HEAD"} <= {f"/{root.base}/{rel}" for rel in strays}
 
 
 def test_the_sweep_keeps_everything_when_the_catalog_stops_answering(catalog: Catalog, catalog_url: str, db: str,
