@@ -97,7 +97,8 @@ class S3Server:
     def requests(self) -> list[tuple[str, str, int]]:
         """Every request answered so far: (method, path with query, status), in order."""
         self._log_fh.flush()
-        text = self.log.read_text(errors="replace")
+        # moto's log colours some lines (DELETE, errors) with terminal escapes: without them, every line matches.
+        text = re.sub(r"\x1b\[[0-9;]*m", "", self.log.read_text(errors="replace"))
         return [(m.group(1), m.group(2), int(m.group(3))) for m in _REQUEST.finditer(text)]
 
     def stop(self) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import sqlalchemy as sa
+
 from common_support import live_chunks
 from iox_planner import storage
 from iox_planner.catalog.store import Catalog
@@ -49,11 +51,27 @@ def test_a_file_written_without_arrow_schema_reads_back_plain_with_its_metadata(
     assert [p.name for p in tmp_path.iterdir()] == ["x.parquet"]  # no temporary left beside it
 
 
-def test_a_file_is_referenced_while_a_row_names_it(catalog: Catalog, db: str) -> None:
+def test_a_file_is_named_while_a_row_names_it_and_the_catalog_is_asked_in_batches(catalog: Catalog, db: str) -> None:
     write_line_protocol(catalog, db, "m v=1 1")
     [chunk] = live_chunks(catalog, db)
-    assert storage.referenced(catalog, chunk["path"])
-    assert not storage.referenced(catalog, storage.chunk_path(*(int(p) for p in chunk["path"].split("/")[:3])))
+    ids = [int(p) for p in chunk["path"].split("/")[:3]]
+    unnamed = [storage.chunk_path(*ids) for _ in range(2 * storage.NAMED_BATCH + 1)]
+    statements: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        if "path" in statement:
+            statements.append(statement)
+
+    sa.event.listen(catalog.engine, "before_cursor_execute", count)
+    try:
+        # The row's own uuid in another folder, and a temporary's name (no uuid first), are not the row's file.
+        elsewhere = f"{ids[0]}/{ids[1]}/{ids[2] + 1}/{chunk['path'].rsplit('/', 1)[1]}"
+        temporary = storage.temp_path(Path(chunk["path"])).as_posix()
+        assert storage.named_paths(catalog, [*unnamed, elsewhere, temporary, chunk["path"]]) == {chunk["path"]}
+    finally:
+        sa.event.remove(catalog.engine, "before_cursor_execute", count)
+    assert len(statements) == 3, "one statement per batch of paths, never one per path"
+    assert storage.named_paths(catalog, []) == set()
+    assert str(chunk["object_id"]) == storage.object_id(chunk["path"]), "the lookup by object_id relies on it"
     with catalog.engine.connect() as conn:
         assert chunk["path"] in storage.partition_paths(conn, chunk["partition_id"])
-        assert chunk["path"] in storage.database_paths(conn, int(chunk["path"].split("/")[0]))

@@ -7,7 +7,8 @@ makes it stop itself at each of those points (SIGSTOP) until the test continues 
 exactly when a step starts (its parent sees the stop with waitpid), may change the world meanwhile (stop Postgres
 inside an open transaction, say), and then kills at a measured moment after that point.
 Both variables are read once, at import: unset (always, outside those tests) a kill point costs two comparisons
-with None. Names in use: `write.before_commit`, `persist.before_commit`, `persist.before_sweeps`, `bulk.after_tasks` and
+with None. Names in use: `write.before_commit`, `write.chunk_put` (after each chunk file's put), `persist.before_put`,
+`persist.before_commit`, `persist.before_sweeps`, `bulk.after_tasks` and
 `bulk.before_commit` (`ingest/bulk.py`), `publish.before_write` (the output's folder is checked and held open,
 its private staging folder made: the writer, Spark or the commit step, is about to fill it), `publish.before_rename`,
 `publish.after_rename`, `publish.old_moved_aside`, and in the runs' commit step (`runs/commit.py`)

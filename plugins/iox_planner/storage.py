@@ -26,9 +26,10 @@ from typing import Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.engine import Connection
 
-from iox_planner.catalog.schema import ingester_chunks, parquet_files, tables
+from iox_planner.catalog.schema import ingester_chunks, parquet_files
 from iox_planner.catalog.store import Catalog
 from iox_planner.model import WRITE_ORDER
 from iox_planner.objectstore import Root, local_root
@@ -37,6 +38,7 @@ from iox_planner.objectstore import Root, local_root
 
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _TEMP = r"\.[0-9a-f]{32}\.tmp"  # what `temp_path` appends
+_UUID_NAME = re.compile(_UUID)
 
 ID_NAME = re.compile(r"[0-9]+")
 """A database, table or partition folder: a catalog id."""
@@ -75,7 +77,7 @@ def compacted_path(db_id: int, table_id: int, partition_id: int) -> str:
 
 def object_id(rel: str) -> str:
     """The catalog's `object_id` of a file: the uuid its name starts with."""
-    return Path(rel).name.split(".")[0]
+    return rel.rpartition("/")[2].split(".")[0]  # string operations: a sweep asks this of every file it lists
 
 
 def new_load_id() -> str:
@@ -265,20 +267,28 @@ class Staged:
 # --- what the catalog names ---------------------------------------------------------------------------------------
 
 
-def referenced(catalog: Catalog, rel: str) -> bool:
-    """Whether a catalog row, live or retired, names the file `rel`: asked on a connection of its own, so a row
-    committed a moment ago counts (the sweeps ask just before deleting)."""
-    with catalog.engine.connect() as conn:
-        return any(conn.execute(sa.select(ct.c.id).where(ct.c.path == rel).limit(1)).first() is not None
-                   for ct in (parquet_files, ingester_chunks))
+NAMED_BATCH = 1000
+"""How many paths one catalog lookup asks about (`named_paths`): a sweep of a large warehouse costs a query per
+this many candidate files, never one per file."""
 
 
-def database_paths(conn: Connection, db_id: int) -> set[str]:
-    """Every path the catalog names in one database, live or retired."""
+def named_paths(catalog: Catalog, rels: Sequence[str]) -> set[str]:
+    """Those of `rels` a catalog row, live or retired, names: one statement per `NAMED_BATCH` paths, each on a
+    connection of its own, so a row committed a moment ago counts (the sweeps ask just before deleting). Asked by
+    `object_id`, the uuid every file's name starts with (`object_id`; unique and indexed, where `path` is not):
+    a name without one is never a row's. A catalog error propagates: the caller keeps every file it could not ask
+    about."""
     found: set[str] = set()
-    for ct in (parquet_files, ingester_chunks):
-        found.update(conn.execute(sa.select(ct.c.path).join(tables, ct.c.table_id == tables.c.id)
-                                  .where(tables.c.database_id == db_id)).scalars())
+    for start in range(0, len(rels), NAMED_BATCH):
+        batch = set(rels[start:start + NAMED_BATCH])
+        ids = sorted({object_id(rel) for rel in batch if _UUID_NAME.fullmatch(object_id(rel))})
+        if not ids:
+            continue
+        wanted = sa.bindparam("ids", ids, type_=pg.ARRAY(pg.UUID(as_uuid=False)))
+        query = sa.union_all(*(sa.select(ct.c.path).where(ct.c.object_id == sa.any_(wanted))
+                               for ct in (parquet_files, ingester_chunks)))
+        with catalog.engine.connect() as conn:
+            found.update(path for path in conn.execute(query).scalars() if path in batch)
     return found
 
 

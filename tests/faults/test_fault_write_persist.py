@@ -6,14 +6,20 @@ files are swept by persist's grace-period sweep."""
 
 from __future__ import annotations
 
+import time
 import uuid
+from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from fault_support import (report, KEYS, POINTS, FaultWorld, Tally, assert_clean_failure, batch, catalog_problems, chunk_rows,
-                      naive_answer, replay, rng_for, rows_of_write, run_and_kill, unreferenced_files)
+                      db_id, naive_answer, replay, rng_for, rows_of_write, run_and_kill, unreferenced_files)
 from iox_planner.maintenance.persist import persist
 from iox_planner.ingest.write import write_line_protocol
+from iox_planner.objectstore import Root, parse_root
+
+T0 = 1_704_067_200_000_000_000
 
 pytestmark = pytest.mark.slow
 
@@ -139,3 +145,118 @@ def test_persist_killed_before_commit_changes_nothing_and_its_file_is_swept(fw: 
     rerun = run_and_kill(["persist", "--db", db], fw.env(), None)
     assert rerun.returncode == 0, rerun.stderr
     _sweep_and_check(fw, db, tally, context)
+
+
+# --- on an s3 warehouse ---------------------------------------------------------------------------------------------
+# The same windows with the warehouse on the suite's real S3 API server: a killed writer leaves at most objects no
+# row names (nothing of the catalog changes), which only a sweep past the grace period deletes; the store cut
+# (`CuttableProxy`) in the middle of a write or a persist ends in the retryable error (exit 75) with nothing
+# registered.
+
+
+def _s3_env(fw: FaultWorld, uri: str, endpoint: str, **extra: str) -> dict[str, str]:
+    env = fw.env(**extra)
+    env.update(IOX_WAREHOUSE=uri, AWS_ENDPOINT_URL=endpoint)
+    return env
+
+
+def _orphans(fw: FaultWorld, root: Root, db: str) -> list[str]:
+    """Objects under the database's prefix that no catalog row (live or retired) names."""
+    ident = db_id(fw.catalog, db)
+    if ident is None:
+        return []
+    known = {r["path"] for r in chunk_rows(fw.catalog, db, live=False)}
+    return sorted(o.rel for o in root.list(str(ident)) if o.rel not in known)
+
+
+def _s3_problems(fw: FaultWorld, root: Root, db: str) -> list[str]:
+    """Every live chunk's object exists and holds the rows its row says."""
+    problems = []
+    for row in chunk_rows(fw.catalog, db):
+        try:
+            rows = pq.read_metadata(root.path(row["path"]), filesystem=root.filesystem()).num_rows
+        except FileNotFoundError:
+            problems.append(f"{row['kind']} chunk {row['id']}: object {row['path']} is missing")
+            continue
+        if rows != row["row_count"]:
+            problems.append(f"{row['kind']} chunk {row['id']}: {rows} rows, the catalog says {row['row_count']}")
+    return problems
+
+
+@pytest.fixture
+def s3_root(s3_server: Any) -> Root:
+    from s3_support import fresh_prefix
+
+    return parse_root(fresh_prefix())
+
+
+@pytest.mark.parametrize("point", ["write.before_commit", "persist.before_commit"])
+def test_a_writer_killed_on_a_store_leaves_only_orphans_the_sweep_takes_after_the_grace_period(
+        fw: FaultWorld, s3_root: Root, s3_server: Any, point: str) -> None:
+    db = _db()
+    env = _s3_env(fw, s3_root.uri, s3_server.endpoint)
+    for i in range(2):
+        assert run_and_kill(["write", "--db", db, "-"], env, None, stdin=batch(i)).returncode == 0
+    before = chunk_rows(fw.catalog, db, live=False)
+    assert before and _orphans(fw, s3_root, db) == []
+    context = replay(f"s3 {point}", point)
+    if point.startswith("write"):
+        outcome = run_and_kill(["write", "--db", db, "-"], {**env, "IOX_FAULT_KILL_AT": point}, None,
+                               stdin=batch(2))
+    else:
+        outcome = run_and_kill(["persist", "--db", db], {**env, "IOX_FAULT_KILL_AT": point}, None)
+    assert outcome.returncode == -9, f"{context}: the kill point was not reached: {outcome.stderr}"
+    assert chunk_rows(fw.catalog, db, live=False) == before, f"{context}: the catalog changed"
+    assert _s3_problems(fw, s3_root, db) == [], context
+    orphans = _orphans(fw, s3_root, db)
+    assert len(orphans) == (2 if point.startswith("write") else 1), f"{context}: {orphans}"
+    # A sweep within the grace period keeps them (they may be a write's in flight); past it they go.
+    persist(fw.catalog, db, warehouse=s3_root, grace_seconds=3600)
+    assert set(orphans) <= set(_orphans(fw, s3_root, db)), context
+    time.sleep(1.1)  # the store's last-modified times have whole seconds
+    persist(fw.catalog, db, warehouse=s3_root, grace_seconds=0)
+    assert _orphans(fw, s3_root, db) == [], f"{context}: orphans left after the sweep"
+    assert _s3_problems(fw, s3_root, db) == [], context
+
+
+@pytest.mark.parametrize("operation", ["write", "persist"])
+def test_the_store_cut_mid_command_is_the_retryable_error_with_nothing_registered(
+        fw: FaultWorld, s3_root: Root, s3_server: Any, operation: str) -> None:
+    """The command stops at a point between its store requests (`write.chunk_put`: a chunk put, more to come;
+    `persist.before_put`: the chunks read, the partition locked, the file not yet put), the store goes away, the
+    command goes on."""
+    from fault_support import PausedCommand, IOX
+    from s3_support import CuttableProxy
+
+    db = _db()
+    proxy = CuttableProxy(s3_server.port)
+    if operation == "persist":
+        for i in range(3):
+            write_line_protocol(fw.catalog, db, batch(i), warehouse=s3_root)
+    before = chunk_rows(fw.catalog, db, live=False)
+    point = "write.chunk_put" if operation == "write" else "persist.before_put"
+    env = _s3_env(fw, s3_root.uri, proxy.endpoint, IOX_FAULT_PAUSE_AT=point)
+    context = replay(f"s3 cut {operation}", point)
+    try:
+        if operation == "write":
+            source = fw.base / f"{db}.lp"
+            source.write_text(batch(9))
+            command = PausedCommand([IOX, "write", "--db", db, str(source)], env)
+        else:
+            command = PausedCommand([IOX, "persist", "--db", db], env)
+        assert command.wait_stopped(timeout=120), f"{context}: the pause point was not reached"
+        proxy.cut()
+        command.resume()
+        outcome = command.finish(timeout=300)
+    finally:
+        proxy.stop()
+    assert outcome.returncode == 75, f"{context}: not the retryable store error: {outcome.stderr[:2000]}"
+    stderr = outcome.stderr.strip()
+    assert stderr.startswith("error: ") and "object store" in stderr, stderr[:2000]
+    assert "Traceback" not in stderr and "\n\n" not in stderr, stderr[:2000]
+    assert s3_server.env()["AWS_SECRET_ACCESS_KEY"] not in outcome.stdout + outcome.stderr
+    assert chunk_rows(fw.catalog, db, live=False) == before, f"{context}: something was registered"
+    assert _s3_problems(fw, s3_root, db) == [], context
+    if operation == "write":
+        assert db_id(fw.catalog, db) is None, f"{context}: the write's new database was committed"
+        assert len(list(s3_root.list())) == 1, f"{context}: the chunk put before the cut is not left as an orphan"

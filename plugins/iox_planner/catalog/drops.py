@@ -1,6 +1,8 @@
 """Dropping a database or a table, and the markers that make what read them stale (catalog/freshness.py).
 
-- A **database** goes at once: its catalog rows in one transaction, then its warehouse folder.
+- A **database** goes at once: its catalog rows in one transaction, then its files (its warehouse folder, or every
+  object under its prefix on a store). Files a failure left after the commit are swept by the maintenance run
+  (`sweeps.sweep_dropped_databases`): the id is never used again.
 - A **table** goes the way every retired file goes: one transaction retires every live chunk of it, marks its row
   dropped (its name is free at once: a write of that name creates a new table) and records a drop marker with an
   order from the database's counter. A query planned before keeps reading the retired files for the grace period;
@@ -10,9 +12,10 @@
 
 from __future__ import annotations
 
-import shutil
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
@@ -25,11 +28,22 @@ from iox_planner.catalog.schema import (
     CHUNK_TABLES, changes_gaps, columns, databases, partitions, query_runs, run_locks, table_drops, tables,
 )
 from iox_planner.catalog.store import Catalog
-from iox_planner.errors import CatalogError
+from iox_planner.config import warehouse_root
+from iox_planner.deletion import delete_folder
+from iox_planner.errors import CatalogError, StoreUnavailableError
+from iox_planner.objectstore import Root, local_root
+
+_log = logging.getLogger(__name__)
 
 
-def drop_database(catalog: Catalog, name: str, warehouse_root: Path) -> int:
-    """Delete a database: its catalog rows in one transaction, then its warehouse folder. Returns its id."""
+def drop_database(catalog: Catalog, name: str, warehouse: Root | Path | None = None,
+                  warn: Callable[[str], None] | None = None) -> int:
+    """Delete a database: its catalog rows in one transaction, then its files. Returns its id. A failure deleting
+    the files (a store gone away) does not undo the drop: it is passed to `warn` and the files are left to
+    `sweeps.sweep_dropped_databases`."""
+    if warehouse is None:
+        warehouse = warehouse_root()
+    root = local_root(warehouse) if isinstance(warehouse, Path) else warehouse
     with catalog.engine.begin() as conn:
         db_id = catalog.database_id(conn, name)
         table_ids = sa.select(tables.c.id).where(tables.c.database_id == db_id).scalar_subquery()
@@ -41,7 +55,12 @@ def drop_database(catalog: Catalog, name: str, warehouse_root: Path) -> int:
         conn.execute(changes_gaps.delete().where(changes_gaps.c.database_id == db_id))
         conn.execute(databases.delete().where(databases.c.id == db_id))
         record_drop(conn, db_id, name)  # what read it is stale now (catalog/freshness.py)
-    shutil.rmtree(warehouse_root / str(db_id), ignore_errors=True)
+    try:
+        delete_folder(root, str(db_id))
+    except StoreUnavailableError:  # says "try again", but the drop is done: the sweep finishes it
+        (warn or _log.warning)(f"database {name!r} is dropped, but its files under {root.uri_of(str(db_id))} "
+                               "could not all be deleted (the object store did not answer); the iox_persist "
+                               "maintenance run's sweep deletes them later")
     return db_id
 
 

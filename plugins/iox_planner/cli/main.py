@@ -186,7 +186,6 @@ def cmd_load(args: argparse.Namespace) -> int:
 def cmd_drop(args: argparse.Namespace) -> int:
     from iox_planner.catalog.drops import drop_database, drop_table
     from iox_planner.catalog.store import open_catalog
-    from iox_planner.config import warehouse
 
     if args.table is not None:
         if not args.yes:
@@ -200,7 +199,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
     if not args.yes:
         raise BadInputError(f"dropping database {args.db!r} deletes its catalog rows and files; add --yes to confirm")
     with open_catalog() as catalog:
-        drop_database(catalog, args.db, warehouse())
+        drop_database(catalog, args.db, warn=lambda note: err.print(f"warning: {note}"))
     report.print(f"dropped database {args.db}")
     return 0
 

@@ -230,6 +230,7 @@ class ChunkStore:
         size = self.staged.write_parquet(
             data, rel, metadata={"iox.kind": kind.value},
             dictionary=chunk_files.dictionary_columns(columns) if kind is ChunkKind.INGESTER else None)
+        kill_point("write.chunk_put")  # a file is put, more may follow: the store may go away in between
         mm = pc.min_max(data[TIME]).as_py()
         values: dict[str, object] = dict(
             object_id=storage.object_id(rel), label=label, table_id=table_id, partition_id=partition_id,
@@ -348,10 +349,11 @@ def write_line_protocol(
     accept_partial: bool = False,
     source: str = "input",
     chunk_rows: int | None = None,
+    warehouse: Root | Path | None = None,
 ) -> WriteResult:
     """`iox-batch write` over a text in memory (see `write_line_blocks`)."""
     return write_line_blocks(catalog, db, text_blocks(text, source), precision=precision, accept_partial=accept_partial,
-                             source=source, chunk_rows=chunk_rows)
+                             source=source, chunk_rows=chunk_rows, warehouse=warehouse)
 
 
 def write_line_blocks(

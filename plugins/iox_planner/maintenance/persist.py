@@ -89,10 +89,9 @@ def persist(
     grace = DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds
     kill_point("persist.before_sweeps")
     try:
-        if root.is_local:  # the sweeps list a store's warehouse their own way (issue 32's writers part)
-            collect_garbage(catalog, root.local_path, grace)
-            sweep_unreferenced(catalog, root.local_path, db_id, grace)
-            sweep_compaction_strays(catalog, root.local_path, targets)
+        collect_garbage(catalog, root, grace)
+        sweep_unreferenced(catalog, root, db_id, grace)
+        sweep_compaction_strays(catalog, root, targets)
     except Exception as err:  # noqa: BLE001 - the persist committed; a sweep left undone is the next one's
         # A command that changed the catalog must not end as failed: the sweeps only reclaim space, and every
         # later persist, compaction or maintenance run sweeps again.
@@ -148,6 +147,7 @@ def _persist_partition(
         # Each row keeps the order of its key's newest write (a changes read's exact cut, catalog/changes.py).
         merged = chunk_files.deduplicate(parts, columns, sort_key=file_key, keep_dictionary=True, write_orders=True)
         rel = storage.chunk_path(db_id, first.table_id, partition_id)
+        kill_point("persist.before_put")  # the chunks read and merged, the partition locked, nothing put yet
         # Without Arrow's schema the file reads back with plain string tags, as every other file.
         size = staged.write_parquet(merged, rel, metadata={"iox.kind": "parquet"}, store_schema=False)
         order = max(c.order for c in ingester)
