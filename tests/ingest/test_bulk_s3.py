@@ -110,7 +110,9 @@ def test_a_load_into_the_store_equals_the_local_load_and_the_tally(
                            warehouse=store)
     assert set(local_parquet_files(*local_places(tmp_path_factory.getbasetemp()))) == disk_before, \
         "a load into the store left a Parquet file on the local disk"
-    bulk.bulk_write(catalog, f"{db}_local", str(tmp_path / "in"), spark_range_runner(spark), target_bytes=TARGET,
+    # The local leg runs the same task code in this process: Spark's part (the tasks reaching the store from its
+    # workers) is the store leg's.
+    bulk.bulk_write(catalog, f"{db}_local", str(tmp_path / "in"), bulk.local_runner, target_bytes=TARGET,
                     warehouse=local)
     on_store = chunk_contents(catalog, db, store)
     assert len(done.chunks) == len(on_store) > 3 * 2 * 2, "ranges were not cut"
@@ -135,7 +137,7 @@ def test_an_s3_input_prefix_loads_as_a_local_folder_of_the_same_files(spark: Any
     assert [(f.size, f.ino) for f in listed] == [(p.stat().st_size, 0) for p in files]
     warehouse = local_root(tmp_path / "wh")
     bulk.bulk_write(catalog, db, prefix.uri, spark_range_runner(spark), target_bytes=TARGET, warehouse=warehouse)
-    bulk.bulk_write(catalog, f"{db}_local", str(tmp_path / "in"), spark_range_runner(spark), target_bytes=TARGET,
+    bulk.bulk_write(catalog, f"{db}_local", str(tmp_path / "in"), bulk.local_runner, target_bytes=TARGET,
                     warehouse=warehouse)
     from_store = chunk_contents(catalog, db, warehouse)
     assert from_store == chunk_contents(catalog, f"{db}_local", warehouse)
