@@ -182,6 +182,13 @@ def test_s3_inputs_are_refused_where_they_must_be(tmp_path: Path) -> None:
             bulk.input_files(hostile, root)
     with pytest.raises(BadInputError, match="no such object or prefix"):
         bulk.input_files(fresh_prefix() + "/nothing")
+    # An object whose name is outside the allow-list of keys is refused by name, never read or quoted raw.
+    prefix = parse_root(fresh_prefix())
+    prefix.filesystem().open_output_stream(prefix.path("a.lp")).close()
+    with prefix.filesystem().open_output_stream(prefix.base + "/b c;.lp") as out:
+        out.write(b"m f=1 1\n")
+    with pytest.raises(BadInputError, match="whose name is not one a bulk load reads"):
+        bulk.input_files(prefix.uri)
     # A URI with credentials never reaches a job's argv, and the error does not repeat it.
     with pytest.raises(BadInputError) as raised:
         BulkLoadJob("db1", "s3://AKIAEXAMPLE:verysecret@iox-test-lake/in")

@@ -69,7 +69,7 @@ from iox_planner.ingest.lineprotocol.vectorized import Piece
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import now_ns, partition_of
 from iox_planner.userfiles import open_regular
-from iox_planner.objectstore import Root, is_uri, local_root, parse_root, store_errors
+from iox_planner.objectstore import Root, is_uri, local_root, parse_root, store_errors, uri_problem
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -163,7 +163,8 @@ def _inside(fd: int, source: str, root: Path) -> Path:
 
 def resolve_source(text: str, root: Path) -> Path:
     """A triggered load's `folder` param as a real path strictly inside `root` (IOX_BULK_LOAD_ROOT, a local folder:
-    a URI is refused, whatever it names); relative paths resolve under it; `..` is refused outright (even when it would land inside), a NUL too; symlinks are resolved
+    a URI is refused, whatever it names); relative paths resolve under it; `..` is refused outright (even when it
+    would land inside), a NUL too; symlinks are resolved
     and the result must still lie inside the root (a link out of it is refused), and it must exist as a folder or
     file. `input_files` checks the root again on what it opens."""
     if not isinstance(text, str) or not text.strip():
@@ -263,9 +264,13 @@ def _object_files(source: str) -> list[InputFile]:
         entries = where.filesystem().get_file_info(selector)
     files = []
     for entry in sorted(entries, key=lambda e: e.base_name.encode()):
-        if entry.type == pafs.FileType.File and not entry.base_name.startswith("."):
-            files.append(InputFile(where.uri_of(entry.base_name), f"{source.rstrip('/')}/{entry.base_name}", 0,
-                                   entry.size, entry.mtime_ns))
+        if entry.type != pafs.FileType.File or entry.base_name.startswith("."):
+            continue
+        uri = f"{where.uri}/{entry.base_name}"
+        if uri_problem(uri) is not None:  # the allow-list every key iox-batch names keeps to
+            raise BadInputError(f"{source} holds {entry.base_name[:80]!r}, whose name is not one a bulk load reads "
+                                "(letters, digits and `._=+-`): rename the object or load the others by name")
+        files.append(InputFile(uri, f"{source.rstrip('/')}/{entry.base_name}", 0, entry.size, entry.mtime_ns))
     return _some(files, source)
 
 
