@@ -28,6 +28,7 @@ from iox_planner import storage
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError, StoreUnavailableError
 from iox_planner.ingest import bulk
+from iox_planner.maintenance.persist import persist
 from iox_planner.objectstore import Root, local_root, parse_root
 from iox_planner.spark.jobs import BulkLoadJob
 from s3_support import CuttableProxy, fresh_prefix, local_parquet_files
@@ -124,6 +125,21 @@ def test_a_load_into_the_store_equals_the_local_load_and_the_tally(
     assert {o.rel for o in store.list()} == set(paths)
     assert not (tmp_path / "wh" / storage.BULK_STAGING).exists()
     assert not (tmp_path / "wh" / storage.BULK_LOADS).exists()
+    # Persist reads the load's chunks where they lie and writes the same rows into the usual layout.
+    persist(catalog, db, warehouse=store)
+    persisted = chunk_contents(catalog, db, store)
+    assert persisted and all(c[0] == "parquet" for c in persisted)
+    assert all(storage.CHUNK_PATH.fullmatch(c["path"]) for c in live_chunks(catalog, db))
+    assert merged(persisted) == tally_rows(tally)
+
+
+def test_a_loads_keys_on_the_store_are_its_own_and_no_usual_chunk_paths() -> None:
+    load = storage.new_load_id()
+    key = f"{storage.bulk_load_folder(load)}/{storage.bulk_chunk_name()}"
+    assert storage.BULK_CHUNK_PATH.fullmatch(key) and not storage.CHUNK_PATH.fullmatch(key)
+    assert not key.startswith(f"{storage.BULK_STAGING}/")  # never in a local staging folder a sweep removes whole
+    assert storage.object_id(key) != storage.object_id(f"{storage.bulk_load_folder(load)}/{storage.bulk_chunk_name()}")
+    assert not storage.BULK_CHUNK_PATH.fullmatch(storage.chunk_path(1, 2, 3))
 
 
 def test_an_s3_input_prefix_loads_as_a_local_folder_of_the_same_files(spark: Any, catalog: Catalog, db: str,
