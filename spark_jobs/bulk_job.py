@@ -1,7 +1,8 @@
 """A bulk load on Spark: the job's body (`run_bulk_load`, inside the one job wrapper `job.py`), and its ranges as
 one Spark job, one task per byte range, each parsed by the plain write's parser in a Python worker
-(`ingest/bulk.py` `parse_range`), which writes its chunks into the load's staging folder and returns their
-metadata; the driver registers them all in one catalog transaction."""
+(`ingest/bulk.py` `parse_range`), which writes its chunks into the load's staging folder (on an object store,
+straight to the keys they keep; the task reads an `s3://` input and writes through its own filesystem, built from
+its own environment) and returns their metadata; the driver registers them all in one catalog transaction."""
 
 from __future__ import annotations
 

@@ -2,17 +2,17 @@
 Spark job per call, the time slices (each bounded by the compaction memory budget, see
 `iox_planner/maintenance/compact/`) bundled into about one task per core (`slices.bundles`), merged by the one Arrow
 IOx dedup in Spark's Python workers; a call of few rows merges in the driver's own process instead
-(`IOX_COMPACT_DRIVER_ROWS`). The workers write each slice's output aside and return its metadata; the driver swaps them
-into the catalog."""
+(`IOX_COMPACT_DRIVER_ROWS`). The workers put each slice's output under a fresh name in the warehouse (a local folder or an
+object store, reached by each worker itself) and return its metadata; the driver swaps them into the catalog."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from iox_planner.errors import CatalogError, IoxError
 from iox_planner.maintenance.compact.slices import SliceResult, SliceTask, bundles, compact_slices
+from iox_planner.objectstore import Root
 from spark_jobs.errors import default_parallelism, run_tasks
 
 FAILED = "compaction's Spark job failed, nothing was changed"
@@ -53,17 +53,18 @@ def slice_runner(session: Callable[[], Any], in_driver_rows: int | None = None) 
 
     limit = COMPACT_DRIVER_ROWS.read() if in_driver_rows is None else in_driver_rows
 
-    def run(tasks: Sequence[SliceTask], root: Path) -> list[SliceResult]:
+    def run(tasks: Sequence[SliceTask], root: Root) -> list[SliceResult]:
         if limit > 0 and sum(t.rows for t in tasks) <= limit:
             try:
-                return compact_slices(tasks, str(root))
+                return compact_slices(tasks, root.uri)
             except IoxError:
                 raise
             except Exception as err:  # noqa: BLE001 - as a worker's error is reported (run_tasks)
                 raise CatalogError(f"{FAILED_IN_DRIVER}: {err}") from err
         spark = session()
         runs = bundles(tasks, default_parallelism(spark)) if len(tasks) > 1 else [list(tasks)]
-        done = run_tasks(spark, [([asdict(t) for t in run_], str(root)) for run_ in runs], _run_bundle,
+        # The warehouse as its URI text: each worker builds its own filesystem from its own environment.
+        done = run_tasks(spark, [([asdict(t) for t in run_], root.uri) for run_ in runs], _run_bundle,
                          f"iox-batch compact: {len(tasks)} slice(s) in {len(runs)} task(s)", FAILED)
         return [SliceResult(**{**d, "tag_ranges": {k: tuple(v) for k, v in d["tag_ranges"].items()}})
                 for results in done for d in results]

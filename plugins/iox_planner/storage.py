@@ -7,9 +7,11 @@ the catalog names a file.
     <folder>/.<name>.<32 hex digits>.tmp                        a file being written (`write_parquet_atomic`,
                                                                 `write_json_atomic`)
     _bulk/<load id>/                                            a bulk load's staging folder (id: 32 hex digits):
-                                                                its tasks' chunks and its manifest
+                                                                its tasks' chunks and its manifest (a local warehouse)
+    _loads/<load id>/<uuid>.parquet                             a bulk load's chunk on an object store: put once by
+                                                                its task under the key its catalog row then names
 
-Paths are built from catalog ids, never from names, and are relative to the warehouse root.
+Paths are built from catalog ids (or a load's fresh id), never from names, and are relative to the warehouse root.
 """
 
 from __future__ import annotations
@@ -58,6 +60,14 @@ BULK_STAGING = "_bulk"
 BULK_LOAD_ID = re.compile(r"[0-9a-f]{32}")
 BULK_MANIFEST = "manifest.json"
 """In a load's staging folder: the chunk paths the load moves its files to, written before the first move."""
+BULK_LOADS = "_loads"
+"""On an object store, the warehouse folder of bulk loads' chunks, one folder per load: a task cannot know the
+catalog ids a chunk's usual path is built from, and a store cannot rename, so the chunk stays at the key its task
+put it under and its catalog row names that key. Kept apart from `_bulk` (local staging, removed whole once its
+load is dead): these keys are chunks, live once their load commits; one no row names is a killed or failed load's
+orphan, which only the sweep of unreferenced objects removes, after the grace period."""
+BULK_CHUNK_PATH = re.compile(rf"{BULK_LOADS}/[0-9a-f]{{32}}/{_UUID}\.parquet")
+"""A bulk load's chunk on an object store, as `bulk_load_folder` and `bulk_chunk_name` build it."""
 
 
 def partition_folder(db_id: int, table_id: int, partition_id: int) -> str:
@@ -87,6 +97,16 @@ def new_load_id() -> str:
 def bulk_staging(root: Path, load_id: str) -> Path:
     """A bulk load's staging folder."""
     return root / BULK_STAGING / load_id
+
+
+def bulk_load_folder(load_id: str) -> str:
+    """`_loads/<load id>`: where a load's tasks put its chunks on an object store (relative to the warehouse)."""
+    return f"{BULK_LOADS}/{load_id}"
+
+
+def bulk_chunk_name() -> str:
+    """A fresh name for a bulk load's chunk on an object store, in its load's folder: `<uuid>.parquet`."""
+    return f"{uuid.uuid4()}.parquet"
 
 
 def bulk_staged_name(file_index: int, range_index: int, n: int) -> str:

@@ -220,7 +220,7 @@ def test_a_triggered_load_reads_only_inside_its_root_whatever_is_swapped_in(tmp_
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.lp").write_text("secret f=1 1\n")
-    assert [p.path.name for p in bulk.input_files(str(root / "drop" / "a"), root)] == ["x.lp"]
+    assert [Path(p.path).name for p in bulk.input_files(str(root / "drop" / "a"), root)] == ["x.lp"]
     # The folder, once checked, swapped for a link out of the root: refused when the load opens it.
     (root / "drop" / "a").rename(root / "drop" / "was")
     (root / "drop" / "a").symlink_to(outside)
@@ -251,7 +251,7 @@ def test_the_input_folder_is_read_deliberately(tmp_path: Path) -> None:
     (tmp_path / "a.lp").write_text("m f=1 1\n")
     (tmp_path / ".swp").write_text("x")
     (tmp_path / "sub").mkdir()
-    assert [p.path.name for p in bulk.input_files(str(tmp_path))] == ["a.lp", "b.lp"]
+    assert [Path(p.path).name for p in bulk.input_files(str(tmp_path))] == ["a.lp", "b.lp"]
     (tmp_path / "link.lp").symlink_to(tmp_path / "a.lp")
     with pytest.raises(Exception, match="symlink"):
         bulk.input_files(str(tmp_path))

@@ -343,7 +343,7 @@ def test_large_inputs_are_sliced_and_the_dry_run_says_how(spark: Any, catalog: C
     seen: list[int] = []
     runner = spark_slice_runner(spark)
 
-    def counting(tasks: Any, root: Path) -> Any:
+    def counting(tasks: Any, root: Any) -> Any:
         results = runner(tasks, root)
         seen.extend(r.rows_in for r in results)
         return results

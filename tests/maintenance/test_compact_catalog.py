@@ -17,6 +17,7 @@ from iox_planner.maintenance.compact.plan import PartitionPlan, close_inputs, dr
 from iox_planner.maintenance.compact.report import describe_plan
 from iox_planner.maintenance.compact.run import compact
 from iox_planner.maintenance.compact.settings import CompactSettings
+from iox_planner.objectstore import Root
 from iox_planner.maintenance.compact.slices import SliceResult, SliceTask, bundles, compact_slice
 from iox_planner.model import ChunkKind
 
@@ -131,9 +132,9 @@ def _files(catalog: Catalog, db: str) -> dict[str, tuple[str, int, int]]:
     return {r.label or f"P{r.id}": (r.path, r.chunk_order, r.compaction_level) for r in rows}
 
 
-def _in_process(tasks: Sequence[SliceTask], root: Path) -> list[SliceResult]:
+def _in_process(tasks: Sequence[SliceTask], root: Root) -> list[SliceResult]:
     """The slices merged by the real slice code in this process (no Spark: the catalog side is under test)."""
-    return [compact_slice(t, str(root)) for t in tasks]
+    return [compact_slice(t, root.uri) for t in tasks]
 
 
 def test_files_overlapping_nothing_are_promoted_in_place_and_the_rest_rewritten(catalog: Catalog, db: str,
@@ -181,7 +182,7 @@ def test_a_partition_needing_only_promotions_runs_no_spark_job(catalog: Catalog,
     ]}), db)
     before = _files(catalog, db)
 
-    def no_spark(tasks: Sequence[SliceTask], root: Path) -> list[SliceResult]:
+    def no_spark(tasks: Sequence[SliceTask], root: Root) -> list[SliceResult]:
         assert not tasks, "a promotion started a Spark job"
         return []
 
@@ -219,7 +220,7 @@ def test_a_promotions_only_run_promotes_and_leaves_the_rewrite_waiting(catalog: 
     _hours_with_late_writes(catalog, db)
     before = _files(catalog, db)
 
-    def no_spark(tasks: Sequence[SliceTask], root: Path) -> list[SliceResult]:
+    def no_spark(tasks: Sequence[SliceTask], root: Root) -> list[SliceResult]:
         assert not tasks, "a promotions-only run planned a rewrite"
         return []
 

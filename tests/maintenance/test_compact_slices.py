@@ -253,9 +253,11 @@ def test_a_task_killed_mid_bundle_leaves_its_scratch_to_the_next_bundle_on_the_m
 
 def test_a_split_gives_each_range_its_own_rows_whatever_the_ranges_order(tmp_path: Path) -> None:
     from iox_planner.maintenance.compact.slices import _split_input
+    from iox_planner.objectstore import local_root
 
     write_file(tmp_path, "f.parquet", [{"host": "a", TIME: t} for t in range(10)], 3)
-    pieces = _split_input(tmp_path / "f.parquet", [(5, 9), (0, 2), (3, 4), (20, 30)], [], tmp_path / "s")
+    pieces = _split_input(local_root(tmp_path), "f.parquet", [(5, 9), (0, 2), (3, 4), (20, 30)], [],
+                          tmp_path / "s")
     got = [None if p is None else pa.ipc.open_stream(pa.memory_map(str(p))).read_all()[TIME].to_pylist()
            for p in pieces]
     assert got == [[5, 6, 7, 8, 9], [0, 1, 2], [3, 4], None]

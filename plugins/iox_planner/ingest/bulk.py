@@ -4,16 +4,23 @@ catalog transaction, with the plain write's result or error.
 - Input: a FILE, or every regular file directly in a DIR in byte order of their names (`input_files`: hidden
   names are skipped; a symlink, device, FIFO or socket in DIR is an error, never followed or read; subfolders are
   not entered). The load means what plain writes of those files, one after another, in one transaction, mean.
-  A triggered load's folder must resolve inside its root first (`resolve_source`).
+  A triggered load's folder must resolve inside its root first (`resolve_source`). FILE or DIR may be an
+  `s3://BUCKET/PREFIX` object or prefix too, read the same way (the same files, order and errors) through
+  pyarrow's S3 filesystem, each task reading its byte range itself; a triggered load's root stays a local folder.
 - Each file is cut into byte ranges of about `IOX_BULK_RANGE_BYTES`, each ending just after a LF
   (`plan_ranges`). A task (`parse_range`, run by a `RangeRunner`: Spark in `spark_jobs/bulk_job.py`) reads its
   range through `blocks.line_blocks` and the plain write's parser (`write.parse_blocks`: the vectorized path, else
-  `StreamParser`), and writes one ingester chunk per (table, partition) into the load's staging folder
-  `<warehouse>/_bulk/<load id>/` (`storage.bulk_staging`). It writes nothing when its range holds a bad line.
+  `StreamParser`), and writes one ingester chunk per (table, partition): in a local warehouse into the load's
+  staging folder `<warehouse>/_bulk/<load id>/` (`storage.bulk_staging`); on an object store, which cannot rename,
+  straight to the key it keeps, `_loads/<load id>/<uuid>.parquet` (`storage.bulk_load_folder`). It writes nothing
+  when its range holds a bad line.
 - The driver (`bulk_write`) registers every chunk in ONE transaction (`storage.Staged.transaction`): orders are
   taken in input order (file, then range, then table and partition), so a later line wins over an earlier one
-  exactly as in the plain streamed write, whose chunks of one partition take rising orders too; each file is
-  moved from staging to `<db id>/<table id>/<partition id>/<uuid>.parquet` just before its row is inserted.
+  exactly as in the plain streamed write, whose chunks of one partition take rising orders too. Locally each file
+  is moved from staging to `<db id>/<table id>/<partition id>/<uuid>.parquet` just before its row is inserted; on
+  a store nothing moves: the rows name the keys the tasks put, and the COMMIT is the only publication. A load that
+  fails before its COMMIT deletes its objects (what the tasks reported and whatever its folder lists); a killed one
+  leaves objects no row names, which the sweep of unreferenced objects removes after the grace period.
 - Whenever the parallel parse cannot vouch for the exact result (a bad line or UTF-8 error in any range, a range
   cut inside a string value that spans lines, a column whose type differs between ranges or from the catalog, a
   file with no point), the load is done again by the plain streamed write, serially, in one transaction: its
@@ -39,7 +46,7 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Sequence, cast
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Sequence, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -62,7 +69,10 @@ from iox_planner.ingest.lineprotocol.vectorized import Piece
 from iox_planner.model import LOCAL_STORE, MAX_WRITE_POSITION, TIME, ChunkKind, ColumnType
 from iox_planner.timeutil import now_ns, partition_of
 from iox_planner.userfiles import open_regular
-from iox_planner.objectstore import Root, local_root
+from iox_planner.objectstore import Root, is_uri, local_root, parse_root, store_errors, uri_problem
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 
 def range_bytes() -> int:
@@ -82,12 +92,13 @@ class InputFile:
     fails the load instead of feeding it other bytes. (The device number is left out: on a shared file system it
     differs from host to host.)"""
 
-    path: Path
-    """Absolute: what the tasks open, wherever their working folder is."""
+    path: str
+    """Absolute (a local path, or an `s3://` URI): what the tasks open, wherever their working folder is."""
     name: str
     """The file as the user named it (the source, or the source's folder joined with the file's name): what
     errors say, as a plain write of that file would."""
     ino: int
+    """0 for an object on a store (which has no inode: its size and time pin it)."""
     size: int
     mtime_ns: int
 
@@ -96,14 +107,47 @@ def _identity(st: os.stat_result) -> tuple[int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def _changed(path: str | Path) -> BadInputError:
+    return BadInputError(f"{path} changed while the bulk load ran (replaced, moved, or written to): nothing was "
+                         "loaded; run the load again once its files are still")
+
+
 def open_input(path: str | Path, pin: tuple[int, int, int]) -> BinaryIO:
-    """`path` opened for reading if it is still the file `pin` (inode, size, mtime) names; else a BadInputError."""
+    """`path` opened for reading if it is still the file `pin` (inode, size, mtime) names; else a BadInputError.
+    An `s3://` object is opened for random access through the store (each read a ranged GET), pinned by its size
+    and modification time."""
+    if isinstance(path, str) and is_uri(path):
+        return _open_object(path, pin)
     handle = open_regular(path, str(path), follow_links=False, hint="; it changed while the bulk load ran")
     if _identity(os.fstat(handle.fileno())) != tuple(pin):
         handle.close()
-        raise BadInputError(f"{path} changed while the bulk load ran (replaced, moved, or written to): nothing "
-                            "was loaded; run the load again once its files are still")
+        raise _changed(path)
     return handle
+
+
+def read_errors(path: str) -> contextlib.AbstractContextManager[None]:
+    """A store's failure while reading the input `path` as the retryable `StoreUnavailableError` (a local file's
+    errors stay as they are)."""
+    if is_uri(path):
+        return store_errors(parse_root(path, what="the bulk load's input"), "read", "")
+    return contextlib.nullcontext()
+
+
+def _object_info(uri: str) -> tuple[Root, "pafs.FileInfo"]:
+    """The object or prefix `uri` names, looked up on its store (one request)."""
+    where = parse_root(uri, what="the bulk load's input")
+    with store_errors(where, "look up", ""):
+        return where, where.filesystem().get_file_info(where.base)
+
+
+def _open_object(uri: str, pin: tuple[int, int, int]) -> BinaryIO:
+    import pyarrow.fs as pafs
+
+    where, found = _object_info(uri)
+    if found.type != pafs.FileType.File or (0, found.size, found.mtime_ns) != tuple(pin):
+        raise _changed(uri)
+    with store_errors(where, "read", ""):
+        return cast(BinaryIO, where.filesystem().open_input_file(where.base))
 
 
 def _inside(fd: int, source: str, root: Path) -> Path:
@@ -118,14 +162,19 @@ def _inside(fd: int, source: str, root: Path) -> Path:
 
 
 def resolve_source(text: str, root: Path) -> Path:
-    """A triggered load's `folder` param as a real path strictly inside `root` (IOX_BULK_LOAD_ROOT): relative paths
-    resolve under it; `..` is refused outright (even when it would land inside), a NUL too; symlinks are resolved
+    """A triggered load's `folder` param as a real path strictly inside `root` (IOX_BULK_LOAD_ROOT, a local folder:
+    a URI is refused, whatever it names); relative paths resolve under it; `..` is refused outright (even when it
+    would land inside), a NUL too; symlinks are resolved
     and the result must still lie inside the root (a link out of it is refused), and it must exist as a folder or
     file. `input_files` checks the root again on what it opens."""
     if not isinstance(text, str) or not text.strip():
         raise BadInputError("folder is empty: give a folder under IOX_BULK_LOAD_ROOT")
     if "\0" in text:
         raise BadInputError("folder holds a NUL character; give a plain path under IOX_BULK_LOAD_ROOT")
+    if is_uri(text):
+        # The allow-list is one local folder: a URI (another bucket, another scheme) is never resolved against it.
+        raise BadInputError(f"folder {text[:200]!r} is a URI: triggered bulk loads read only below "
+                            f"IOX_BULK_LOAD_ROOT ({root}), a local folder; give a path under it")
     given = Path(text)
     if ".." in given.parts:
         raise BadInputError(f"folder {text[:200]!r} uses '..': give a path under IOX_BULK_LOAD_ROOT ({root}) "
@@ -151,6 +200,11 @@ def input_files(source: str, root: Path | None = None) -> list[InputFile]:
     or file itself. Each file is pinned (`InputFile`) as listed."""
     if source == "-":
         raise BadInputError("write --spark reads files, not standard input: give a FILE or a folder")
+    if is_uri(source):
+        if root is not None:
+            raise BadInputError(f"{source[:200]!r} is a URI: a triggered bulk load reads only below "
+                                f"IOX_BULK_LOAD_ROOT ({root}), a local folder")
+        return _object_files(source)
     try:
         fd = os.open(os.path.realpath(source), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -163,7 +217,7 @@ def input_files(source: str, root: Path | None = None) -> list[InputFile]:
         real = _inside(fd, source, root) if root is not None else Path(os.path.realpath(source))
         st = os.fstat(fd)
         if stat.S_ISREG(st.st_mode):
-            return [InputFile(real, source, *_identity(st))]
+            return [InputFile(str(real), source, *_identity(st))]
         if not stat.S_ISDIR(st.st_mode):
             raise BadInputError(f"cannot read {source}: it is neither a regular file nor a folder")
         found: list[InputFile] = []
@@ -183,12 +237,41 @@ def input_files(source: str, root: Path | None = None) -> list[InputFile]:
             if not stat.S_ISREG(est.st_mode):
                 raise BadInputError(f"{source} holds {entry.name!r}, which is not a regular file (a device, FIFO "
                                     "or socket): remove it from the folder")
-            found.append(InputFile(real / entry.name, str(Path(source) / entry.name), *_identity(est)))
+            found.append(InputFile(str(real / entry.name), str(Path(source) / entry.name), *_identity(est)))
     finally:
         os.close(fd)
+    return _some(found, source)
+
+
+def _some(found: list[InputFile], source: str) -> list[InputFile]:
     if not found:
         raise BadInputError(f"nothing to write: {source} holds no files (hidden files and subfolders are skipped)")
     return found
+
+
+def _object_files(source: str) -> list[InputFile]:
+    """`input_files` of an `s3://` object, or of the objects directly under an `s3://` prefix (one listing of
+    that level alone: "subfolders" are not entered), hidden names skipped, in byte order of their names."""
+    import pyarrow.fs as pafs
+
+    where, found = _object_info(source)
+    if found.type == pafs.FileType.File:
+        return [InputFile(where.uri, source, 0, found.size, found.mtime_ns)]
+    if found.type == pafs.FileType.NotFound:
+        raise BadInputError(f"cannot read {source}: no such object or prefix on the store")
+    selector = pafs.FileSelector(where.base, recursive=False, allow_not_found=True)
+    with store_errors(where, "list", ""):
+        entries = where.filesystem().get_file_info(selector)
+    files = []
+    for entry in sorted(entries, key=lambda e: e.base_name.encode()):
+        if entry.type != pafs.FileType.File or entry.base_name.startswith("."):
+            continue
+        uri = f"{where.uri}/{entry.base_name}"
+        if uri_problem(uri) is not None:  # the allow-list every key iox-batch names keeps to
+            raise BadInputError(f"{source} holds {entry.base_name[:80]!r}, whose name is not one a bulk load reads "
+                                "(letters, digits and `._=+-`): rename the object or load the others by name")
+        files.append(InputFile(uri, f"{source.rstrip('/')}/{entry.base_name}", 0, entry.size, entry.mtime_ns))
+    return _some(files, source)
 
 
 @dataclass(frozen=True)
@@ -212,7 +295,7 @@ def plan_ranges(files: Sequence[InputFile], target: int) -> list[Range]:
     for fi, file in enumerate(files):
         path, size, pin = file.path, file.size, (file.ino, file.size, file.mtime_ns)
         start, ri = 0, 0
-        with open_input(path, pin) as f:
+        with read_errors(path), open_input(path, pin) as f:
             while True:
                 cut = size
                 probe = start + target
@@ -224,7 +307,7 @@ def plan_ranges(files: Sequence[InputFile], target: int) -> list[Range]:
                         cut = probe + lf + 1
                         break
                     probe += len(buf)
-                ranges.append(Range(fi, ri, str(path), file.name, start, cut, pin))
+                ranges.append(Range(fi, ri, path, file.name, start, cut, pin))
                 if cut >= size:
                     break
                 start, ri = cut, ri + 1
@@ -283,6 +366,9 @@ class TaskParams:
     default_time: int
     limits: dict[str, int]
     staging: str
+    """Where the tasks write their chunks: the local staging folder's path, or on an object store the URI of the
+    load's folder (`storage.bulk_load_folder`), whose keys the chunks keep. Never a credential: each task builds
+    its filesystem from its own environment."""
     max_partitions: int = 0
     """`IOX_WRITE_MAX_PARTITIONS` as the driver read it: a range touching more partitions than this writes no file
     (the driver refuses the load on its counts alone); 0: no bound here."""
@@ -297,7 +383,7 @@ def parse_range(r: Range, params: TaskParams) -> RangeResult:
     pending: dict[tuple[str, str], plain._Pending] = {}
     points = 0
     try:
-        with open_input(r.path, r.pin) as f:
+        with read_errors(r.path), open_input(r.path, r.pin) as f:
             f.seek(r.start)
             # Only the first range starts where the file does: a byte order mark counts there alone.
             blocks = line_blocks(cast(BinaryIO, _Bounded(f, r.end - r.start)), r.name, start_of_input=r.start == 0)
@@ -315,12 +401,17 @@ def parse_range(r: Range, params: TaskParams) -> RangeResult:
             StagedChunk(key[0], key[1], tuple((c, t.value) for c, t in entry.columns().items()), entry.total, 0, 0,
                         {}, "", 0) for key, entry in sorted(pending.items())), points, time.process_time() - cpu)
     chunks = []
+    staging = Root(params.staging)
     for n, key in enumerate(sorted(pending)):
         columns, data, _ = pending[key].take()
         if data.num_rows > MAX_WRITE_POSITION + 1:
             return RangeResult(r.file_index, r.range_index, problem="a range too large for one chunk")
-        name = storage.bulk_staged_name(r.file_index, r.range_index, n)
-        size = storage.write_parquet_atomic(data, Path(params.staging) / name, metadata={"iox.kind": "ingester"})
+        if staging.is_local:
+            name = storage.bulk_staged_name(r.file_index, r.range_index, n)
+            size = storage.write_parquet_atomic(data, staging.local_path / name, metadata={"iox.kind": "ingester"})
+        else:  # put once under the key the chunk keeps
+            name = storage.bulk_chunk_name()
+            size = storage.put_parquet(staging, name, data, metadata={"iox.kind": "ingester"})
         mm = pc.min_max(data[TIME]).as_py()
         chunks.append(StagedChunk(key[0], key[1], tuple((c, t.value) for c, t in columns.items()), data.num_rows,
                                   mm["min"], mm["max"], chunk_files.tag_ranges(data, columns), name, size))
@@ -408,7 +499,7 @@ def bulk_write(
     input must lie in (a triggered load's IOX_BULK_LOAD_ROOT), checked again here on what is actually opened."""
     check_db_name(db)
     precision = Precision(precision)
-    root = storage.warehouse_of(warehouse).local_path  # the bulk load is local only so far
+    root = storage.warehouse_of(warehouse)
     paths = input_files(source, input_root)
     size = sum(p.size for p in paths)
     ranges = plan_ranges(paths, max(1, min(target_bytes or range_bytes(), -(-size // max(1, min_ranges)))))
@@ -416,14 +507,11 @@ def bulk_write(
     default_time = now_ns()
     progress(f"bulk load into {db}: {len(paths)} file(s), {total:,} bytes, {len(ranges)} range(s)")
     load_id = storage.new_load_id()
-    staging = storage.bulk_staging(root, load_id)
+    staging = _Staging(root, load_id)
     with _load_lock(catalog, load_id) as lock:
         try:
-            for _ in range(3):  # another load may remove an empty `_bulk` between the two mkdirs
-                with contextlib.suppress(FileNotFoundError):
-                    staging.mkdir(parents=True)
-                    break
-            params = TaskParams(precision.value, default_time, asdict(Limits.from_env()), str(staging),
+            staging.make()
+            params = TaskParams(precision.value, default_time, asdict(Limits.from_env()), staging.root.uri,
                                 CatalogLimits.from_env().max_partitions)
             started = time.monotonic()
             results = sorted(runner(ranges, params), key=lambda x: (x.file_index, x.range_index))
@@ -434,13 +522,11 @@ def bulk_write(
                          f"{time.monotonic() - started:.1f} s ({sum(x.cpu_seconds for x in results):.1f} task "
                          "CPU-seconds)")
                 try:
-                    return _register(catalog, lock, db, results, staging, root, progress)
+                    return _register(catalog, lock, db, results, staging, progress)
                 except _PlainWay as why:
                     problem = str(why)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                staging.parent.rmdir()  # only if no other load is staging
+            staging.clean()
     progress(f"redoing the load as plain writes, serially ({problem}): the plain write's result and errors")
     return _plain_load(catalog, db, paths, precision, default_time, accept_partial, root)
 
@@ -467,12 +553,54 @@ _LOST = ("the catalog session holding the bulk load's lock was lost while its ta
          "removed its staged chunks; nothing was registered. Run the load again")
 
 
-def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeResult], staging: Path, root: Path,
+class _Staging:
+    """Where a load's tasks write, and its clean-up. A local warehouse: the staging folder `_bulk/<load id>/`,
+    removed whole when the load ends (its registered files were moved out of it). An object store: the load's
+    folder `_loads/<load id>/`, whose keys the registered chunks keep; when the load ends every object there that no
+    row of it names is deleted (all of them when it registered nothing; a retried task's first attempt's when it
+    did). Not after a COMMIT that failed: it may have committed, and a key a committed row names must stay."""
+
+    def __init__(self, warehouse: Root, load_id: str) -> None:
+        self.warehouse = warehouse
+        self.rel = storage.bulk_load_folder(load_id) if not warehouse.is_local else ""
+        self.root = (warehouse.child(self.rel) if self.rel
+                     else local_root(storage.bulk_staging(warehouse.local_path, load_id)))
+        self.registered: set[str] | None = set()
+        """The keys the load's COMMIT made chunks of (relative to the warehouse); None: unknown (the COMMIT
+        failed), so nothing may be deleted."""
+
+    def make(self) -> None:
+        if self.warehouse.is_local:
+            for _ in range(3):  # another load may remove an empty `_bulk` between the two mkdirs
+                with contextlib.suppress(FileNotFoundError):
+                    self.root.local_path.mkdir(parents=True)
+                    break
+
+    def chunk_path(self, c: StagedChunk) -> str:
+        """The key a chunk a task put on the store keeps."""
+        return f"{self.rel}/{c.file}"
+
+    def clean(self) -> None:
+        if self.warehouse.is_local:
+            shutil.rmtree(self.root.local_path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.root.local_path.parent.rmdir()  # only if no other load is staging
+            return
+        if self.registered is None:
+            return
+        with contextlib.suppress(Exception):  # a store gone away keeps the orphans: the sweep takes them later
+            for obj in list(self.warehouse.list(self.rel)):
+                if obj.rel not in self.registered:
+                    self.warehouse.delete(obj.rel)
+
+
+def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeResult], staging: _Staging,
               progress: Callable[[str], None]) -> plain.WriteResult:
     """Register the staged chunks in one transaction on the lock's own session, once it is known to still hold
     the lock: a session that dies before the COMMIT commits nothing, so the check holds until then."""
     chunks = [c for x in results for c in x.chunks]
-    staged = storage.Staged(local_root(root))
+    root = staging.warehouse
+    staged = storage.Staged(root)
     written: list[plain.WrittenChunk] = []
     with staged.transaction(catalog, lock.conn) as conn:
         # First thing in the transaction: from here on the session's death voids the COMMIT.
@@ -507,22 +635,16 @@ def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeRes
             wanted[table_ids[c.table]].update((name, ColumnType(ctype)) for name, ctype in c.columns)
         catalog.add_columns_of(conn, wanted)
         partition_ids = catalog.ensure_partitions(conn, [(table_ids[c.table], c.partition) for c in chunks])
-        moves: list[tuple[Path, str]] = []
-        for c in chunks:
-            table_id = table_ids[c.table]
-            target = storage.chunk_path(db_id, table_id, partition_ids[(table_id, c.partition)])
-            moves.append((staging / c.file, target))
-        # The manifest first: a sweep after a crash from here on knows which moved files were this load's.
-        manifest = staging / storage.BULK_MANIFEST
-        manifest.write_text(json.dumps([rel for _, rel in moves]))
+        places = [(table_ids[c.table], partition_ids[(table_ids[c.table], c.partition)]) for c in chunks]
+        if root.is_local:
+            rels = _move_into_place(chunks, places, db_id, staging, staged)
+        else:  # the chunks stay at the keys their tasks put: the rows name them, the COMMIT publishes them
+            rels = [staging.chunk_path(c) for c in chunks]
+            for rel in rels:
+                staged.add(rel)  # removed if the transaction rolls back
         rows = []
-        for c, order, (src, rel) in zip(chunks, orders, moves):
-            dest = root / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            staged.add(rel)
-            os.replace(src, dest)
+        for c, order, rel, (table_id, partition_id) in zip(chunks, orders, rels, places):
             columns = {name: ColumnType(ctype) for name, ctype in c.columns}
-            table_id, partition_id = (int(p) for p in rel.split("/")[1:3])
             rows.append(dict(
                 object_id=storage.object_id(rel), label=None, table_id=table_id, partition_id=partition_id,
                 store=LOCAL_STORE, path=rel, min_time=c.min_time, max_time=c.max_time, row_count=c.rows,
@@ -534,14 +656,32 @@ def _register(catalog: Catalog, lock: _Lock, db: str, results: Sequence[RangeRes
                                               c.max_time))
         record_writes(conn, db_id, [w.event() for w in written], orders=[w.order for w in written], source="write")
         kill_point("bulk.before_commit")
+        staging.registered = None  # the COMMIT follows: if it fails, it may have committed
+    staging.registered = set(staged.rels)
     progress(f"registered {len(written)} chunk(s), {sum(w.rows for w in written):,} rows, in one transaction")
     return plain.WriteResult(tuple(written))
 
 
+def _move_into_place(chunks: Sequence[StagedChunk], places: Sequence[tuple[int, int]], db_id: int,
+                     staging: _Staging, staged: storage.Staged) -> list[str]:
+    """A local warehouse: each staged chunk renamed to its usual path `<db>/<table>/<partition>/<uuid>.parquet`,
+    after the manifest naming them all (a sweep after a crash from then on knows which moved files were this
+    load's)."""
+    folder, root = staging.root.local_path, staging.warehouse.local_path
+    rels = [storage.chunk_path(db_id, table_id, partition_id) for table_id, partition_id in places]
+    (folder / storage.BULK_MANIFEST).write_text(json.dumps(rels))
+    for c, rel in zip(chunks, rels):
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staged.add(rel)
+        os.replace(folder / c.file, dest)
+    return rels
+
+
 def _plain_load(catalog: Catalog, db: str, paths: Sequence[InputFile], precision: Precision, default_time: int,
-                accept_partial: bool, root: Path) -> plain.WriteResult:
+                accept_partial: bool, root: Root) -> plain.WriteResult:
     """The load as plain streamed writes of each file in order, in one transaction (all or nothing)."""
-    staged = storage.Staged(local_root(root))
+    staged = storage.Staged(root)
     chunks: list[plain.WrittenChunk] = []
     rejected: list[LineError] = []
     limit = plain.write_chunk_rows()
@@ -549,7 +689,7 @@ def _plain_load(catalog: Catalog, db: str, paths: Sequence[InputFile], precision
     with staged.transaction(catalog) as conn:
         for file in paths:
             parser = StreamParser(precision=precision, default_time=default_time)
-            with open_input(file.path, (file.ino, file.size, file.mtime_ns)) as f:
+            with read_errors(file.path), open_input(file.path, (file.ino, file.size, file.mtime_ns)) as f:
                 result = plain._write_blocks(catalog, conn, staged, db, line_blocks(f, file.name), parser,
                                              accept_partial, file.name, limit, shape)
             chunks.extend(result.chunks)

@@ -268,9 +268,9 @@ def parse_target(text: str) -> Target:
 
 @dataclass(frozen=True)
 class BulkLoadJob(JobSpec):
-    """A bulk load of `source` (a file, or every regular file of a folder) into `db`, all or nothing; `root`: the
-    folder the input must lie in (a triggered load's IOX_BULK_LOAD_ROOT, checked again on what the job opens). The
-    report lists the chunks registered and the lines rejected."""
+    """A bulk load of `source` (a file, or every regular file of a folder; or an `s3://` object or prefix) into
+    `db`, all or nothing; `root`: the folder the input must lie in (a triggered load's IOX_BULK_LOAD_ROOT, checked
+    again on what the job opens). The report lists the chunks registered and the lines rejected."""
 
     script: ClassVar[str] = "run_bulk_load.py"
     app: ClassVar[str] = "iox-batch write --spark"
@@ -285,6 +285,14 @@ class BulkLoadJob(JobSpec):
     def __post_init__(self) -> None:
         check_db_name(self.db)
         object.__setattr__(self, "precision", Precision(self.precision))
+        from iox_planner.objectstore import is_uri, uri_problem
+
+        if is_uri(self.source):
+            # Checked before the source reaches a job's argv (a URI carrying credentials must never), and worded
+            # without repeating it.
+            problem = uri_problem(self.source)
+            if problem is not None:
+                raise BadInputError(f"the bulk load's input is refused: {problem}")
 
     def report_path(self) -> Path | None:
         return self.report

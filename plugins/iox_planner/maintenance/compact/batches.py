@@ -22,6 +22,7 @@ from iox_planner.maintenance.compact.plan import PartitionPlan, dry_run
 from iox_planner.maintenance.compact.report import Report, describe_plan, outcome_note, report_dict
 from iox_planner.maintenance.compact.run import compact
 from iox_planner.maintenance.compact.slices import SliceResult, SliceRunner, SliceTask
+from iox_planner.objectstore import Root
 
 Target = tuple[str, tuple[int, ...]]
 """A database and the ids of its partitions a batch compacts."""
@@ -159,7 +160,7 @@ def promote_batch(batch: Batch) -> dict[str, Any]:
     return data
 
 
-def _no_spark(tasks: Sequence[SliceTask], root: Path) -> Sequence[SliceResult]:
+def _no_spark(tasks: Sequence[SliceTask], root: Root) -> Sequence[SliceResult]:
     if tasks:  # compact(rewrites=False) plans no slice
         raise InternalError(f"a promotions-only batch planned {len(tasks)} slice(s) to rewrite")
     return []

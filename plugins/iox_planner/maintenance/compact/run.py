@@ -11,12 +11,14 @@ import sqlalchemy as sa
 
 from iox_planner.catalog import locks
 from iox_planner.catalog.store import Catalog
-from iox_planner.config import warehouse as default_warehouse
+from iox_planner.faults import kill_point
+from iox_planner import storage
 from iox_planner.maintenance.compact.plan import PartitionPlan, Skip, check_target, find_work, without_rewrite
 from iox_planner.maintenance.compact.report import Outcome, Report
 from iox_planner.maintenance.compact.settings import CompactSettings
 from iox_planner.maintenance.compact.slices import SliceResult, SliceRunner, slice_tasks
 from iox_planner.maintenance.compact.swap import remove_outputs, swap
+from iox_planner.objectstore import Root
 from iox_planner.maintenance.sweeps import (DEFAULT_GRACE_SECONDS, collect_garbage, expire_partitions,
                                             sweep_locked_partition)
 
@@ -29,7 +31,7 @@ def compact(
     table: str | None = None,
     partition: str | None = None,
     only: Sequence[int] | None = None,
-    warehouse: Path | None = None,
+    warehouse: Root | Path | None = None,
     settings: CompactSettings | None = None,
     progress: Callable[[str], None] | None = None,
     after_slices: Callable[[], None] | None = None,
@@ -43,7 +45,11 @@ def compact(
     what it can alone (`without_rewrite`) and its rewrite waits for a run that rewrites. Partitions past the
     database's retention are retired first, never compacted (`sweeps.expire_partitions`), and files retired longer
     ago than the grace period are deleted last (`sweeps.collect_garbage`)."""
-    root = warehouse or default_warehouse()
+    root = storage.warehouse_of(warehouse)
+    # Part of the writers' work (issue 32): the sweeps below take a local folder; a store's warehouse is swept
+    # by listing it, their own way. On a store a compaction's stray is an object no row names, which that sweep
+    # removes after the grace period.
+    local = root.local_path if root.is_local else None
     settings = settings or CompactSettings.from_env()
     say = progress or (lambda _line: None)
     report = Report()
@@ -75,7 +81,8 @@ def compact(
             # Planned again under the locks: a compactor that finished just before we locked changed the files.
             plans: list[PartitionPlan] = []
             for pid in locked:
-                sweep_locked_partition(lock_conn, root, pid)
+                if local is not None:
+                    sweep_locked_partition(lock_conn, local, pid)
                 for item in find_work(catalog, lock_conn, db_id, settings, only=[pid]):
                     if isinstance(item, PartitionPlan) and not rewrites:
                         item = without_rewrite(item)
@@ -94,6 +101,7 @@ def compact(
                 results = list(run_slices(everything, root)) if everything else []
                 if after_slices is not None:
                     after_slices()
+                kill_point("compact.before_swap")  # the outputs are put, no row names them yet
             except BaseException:
                 remove_outputs(root, [SliceResult(t.partition_id, t.index, t.output, 0, 0, None, None, 0, {})
                                for t in everything])
@@ -119,5 +127,6 @@ def compact(
                 for pid in locked:
                     locks.unlock(lock_conn, locks.compaction_key(pid))
                 lock_conn.commit()
-    collect_garbage(catalog, root, DEFAULT_GRACE_SECONDS)
+    if local is not None:
+        collect_garbage(catalog, local, DEFAULT_GRACE_SECONDS)
     return report

@@ -1,7 +1,12 @@
 """One slice of a compaction: the plain-values task that crosses into a Spark Python worker, the merge it runs
-there (read each input's rows of the slice, the one Arrow IOx dedup, write the output aside, then into place) and
+there (read each input's rows of the slice, the one Arrow IOx dedup, put the output once under its fresh name) and
 the result it hands back to the driver; and slices bundled into fewer worker tasks (`bundles`), each reading a
-file once for all of its slices (`compact_slices`)."""
+file once for all of its slices (`compact_slices`).
+
+The warehouse crosses into the workers as its URI text (a local folder or `s3://BUCKET/PREFIX`, never a
+credential): each worker builds its own filesystem from its own environment (`objectstore.Root`) and reads inputs
+and puts outputs through it. On a store nothing is renamed: an output is one object under a fresh key, which the
+swap's transaction alone makes a chunk."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from iox_planner import storage
 from iox_planner.ingest import files as chunk_files
 from iox_planner.maintenance.compact.plan import PartitionPlan, overlaps
 from iox_planner.model import TIME, ColumnType
+from iox_planner.objectstore import Root, store_errors
 from iox_planner.slicing import Span, rows_within
 
 
@@ -96,8 +102,9 @@ def compact_slices(tasks: Sequence[SliceTask], root: str) -> list[SliceResult]:
     file whose row groups would be decoded at most twice each, or whose row groups each fall in one slice (the
     filter then prunes the others), is read slice by slice as before. Slices of one file in other bundles (tasks
     running at once) read it again: one decode per bundle, at most one per core."""
+    warehouse = Root(root)
     shared = {path: users for path, users in _readers(tasks).items()
-              if len(users) > 1 and _decodes_saved(Path(root) / path, [(tasks[i].lo, tasks[i].hi) for i in users])}
+              if len(users) > 1 and _decodes_saved(warehouse, path, [(tasks[i].lo, tasks[i].hi) for i in users])}
     if not shared:
         return [compact_slice(task, root) for task in tasks]
     import tempfile
@@ -110,7 +117,7 @@ def compact_slices(tasks: Sequence[SliceTask], root: str) -> list[SliceResult]:
             for n, (path, users) in enumerate(shared.items()):
                 if users[0] == i:  # split before its first slice, one folder per file
                     # Its own table's tags: a bundle may hold slices of several tables (one call, `run.compact`).
-                    split = _split_input(Path(root) / path, [(tasks[j].lo, tasks[j].hi) for j in users],
+                    split = _split_input(warehouse, path, [(tasks[j].lo, tasks[j].hi) for j in users],
                                          _tags(task), Path(scratch) / str(n))
                     pieces.update({(path, j): piece for j, piece in zip(users, split)})
             mine = {path: pieces.pop((path, i)) for path, _ in task.inputs if (path, i) in pieces}
@@ -152,11 +159,13 @@ def sweep_scratch(folder: Path) -> list[Path]:
 def compact_slice(task: SliceTask, root: str, pieces: Mapping[str, Path | None] | None = None) -> SliceResult:
     """Read each input's rows of `[lo, hi]` (a Parquet filter, not the whole file; or its piece, `pieces`: the
     scratch file `compact_slices` split it into, None for no row), merge them with the one Arrow IOx dedup, sort on
-    the sort key and write the output aside, then into place. An empty slice writes nothing. Tags are read
+    the sort key and put the output once (`storage.put_parquet`: locally aside, then into place; on a store one
+    object). An empty slice writes nothing. Tags are read
     dictionary encoded, as Parquet stores them: the merge then sorts and moves integer indices, not strings (a
     third less time for the merge of a TSBS slice)."""
     import pyarrow.compute as pc
 
+    warehouse = Root(root)
     columns = {n: ColumnType(t) for n, t in task.columns}
     tags = _tags(task)
     pieces = pieces or {}
@@ -169,7 +178,7 @@ def compact_slice(task: SliceTask, root: str, pieces: Mapping[str, Path | None] 
                 continue
             table = _read_piece(piece)
         else:
-            table = _read_slice(Path(root) / path, task.lo, task.hi, tags)
+            table = _read_slice(warehouse, path, task.lo, task.hi, tags)
         rows_in += table.num_rows
         parts.append((order, table))
     if not parts:  # a slice of a rewrite group's gap: no input overlaps it
@@ -181,8 +190,8 @@ def compact_slice(task: SliceTask, root: str, pieces: Mapping[str, Path | None] 
     merged = chunk_files.deduplicate(parts, columns, sort_key=task.sort_key, keep_dictionary=True, write_orders=True)
     if merged.num_rows == 0:
         return SliceResult(task.partition_id, task.index, task.output, rows_in, 0, None, None, 0, {})
-    size = storage.write_parquet_atomic(merged, Path(root) / task.output, metadata={"iox.kind": "parquet"},
-                                        store_schema=False)
+    size = storage.put_parquet(warehouse, task.output, merged, metadata={"iox.kind": "parquet"},
+                               store_schema=False)
     mm = pc.min_max(merged[TIME]).as_py()
     return SliceResult(task.partition_id, task.index, task.output, rows_in, merged.num_rows, mm["min"], mm["max"],
                        size, chunk_files.tag_ranges(merged, columns))
@@ -210,12 +219,18 @@ def _time_ranges(meta: Any, field: int) -> list[tuple[int, int] | None]:
     return out
 
 
-def _decodes_saved(path: Path, ranges: Sequence[tuple[int, int]]) -> bool:
-    """Whether reading the file once and splitting it beats a filtered read per range: its row groups (those
-    overlapping some range) would be decoded more than twice each on average by the filtered reads."""
+def _open(warehouse: Root, rel: str) -> Any:
+    """The input file `rel` as `pq.ParquetFile`, read through the warehouse's filesystem (on a store, ranged GETs of
+    the footer and of the column chunks read); a store's failure is the retryable error."""
     import pyarrow.parquet as pq
 
-    with pq.ParquetFile(path) as pf:
+    return pq.ParquetFile(warehouse.path(rel), filesystem=warehouse.filesystem())
+
+
+def _decodes_saved(warehouse: Root, rel: str, ranges: Sequence[tuple[int, int]]) -> bool:
+    """Whether reading the file once and splitting it beats a filtered read per range: its row groups (those
+    overlapping some range) would be decoded more than twice each on average by the filtered reads."""
+    with store_errors(warehouse, "read", rel), _open(warehouse, rel) as pf:
         groups = _time_ranges(pf.metadata, pf.schema_arrow.get_field_index(TIME))
     decodes = touched = 0
     for span in groups:
@@ -225,7 +240,7 @@ def _decodes_saved(path: Path, ranges: Sequence[tuple[int, int]]) -> bool:
     return decodes > 2 * touched
 
 
-def _split_input(path: Path, ranges: Sequence[tuple[int, int]], tags: Sequence[str],
+def _split_input(warehouse: Root, rel: str, ranges: Sequence[tuple[int, int]], tags: Sequence[str],
                  scratch: Path) -> list[Path | None]:
     """The file's rows split by the disjoint time ranges `ranges`, in one pass over the row groups overlapping
     them: for each range the scratch Arrow file holding its rows in file order (so each piece stays sorted on the
@@ -241,12 +256,13 @@ def _split_input(path: Path, ranges: Sequence[tuple[int, int]], tags: Sequence[s
     scratch.mkdir()
     writers: dict[int, Any] = {}
     try:
-        with pq.ParquetFile(path) as pf:
+        with store_errors(warehouse, "read", rel), _open(warehouse, rel) as pf:
             held = set(pf.schema_arrow.names)
             field = pf.schema_arrow.get_field_index(TIME)
             groups = [i for i, span in enumerate(_time_ranges(pf.metadata, field))
                       if span is None or (span[0] <= his[-1] and span[1] >= los[0])]
-            reader = pq.ParquetFile(path, metadata=pf.metadata, read_dictionary=[t for t in tags if t in held])
+            reader = pq.ParquetFile(warehouse.path(rel), filesystem=warehouse.filesystem(), metadata=pf.metadata,
+                                    read_dictionary=[t for t in tags if t in held])
             for batch in reader.iter_batches(row_groups=groups):
                 times = batch.column(TIME).to_numpy()
                 slot = np.searchsorted(los, times, side="right") - 1
@@ -273,21 +289,24 @@ def _read_piece(piece: Path) -> Any:
     return pa.ipc.open_stream(pa.memory_map(str(piece))).read_all()
 
 
-def _read_slice(path: Path, lo: int, hi: int, tags: Sequence[str]) -> Any:
+def _read_slice(warehouse: Root, rel: str, lo: int, hi: int, tags: Sequence[str]) -> Any:
     """The file's rows with time in `[lo, hi]`. When the file's own statistics (its footer, not the catalog) put
     every row group inside the slice, it is read whole, without the row filter (a tenth of a slice's read time);
     otherwise, or when a row group lacks time statistics, the filter decides row by row."""
     import pyarrow.parquet as pq
 
-    with pq.ParquetFile(path) as pf:
-        spans = _time_ranges(pf.metadata, pf.schema_arrow.get_field_index(TIME))
-        if spans and all(span is not None and lo <= span[0] and span[1] <= hi for span in spans):
-            # Only the tags the file has: ParquetFile (unlike read_table) fails on a name it lacks.
-            held = set(pf.schema_arrow.names)
-            return pq.ParquetFile(path, metadata=pf.metadata, read_dictionary=[t for t in tags if t in held]).read()
-    return pq.read_table(path, filters=[(TIME, ">=", lo), (TIME, "<=", hi)], read_dictionary=tags)
+    with store_errors(warehouse, "read", rel):
+        with _open(warehouse, rel) as pf:
+            spans = _time_ranges(pf.metadata, pf.schema_arrow.get_field_index(TIME))
+            if spans and all(span is not None and lo <= span[0] and span[1] <= hi for span in spans):
+                # Only the tags the file has: ParquetFile (unlike read_table) fails on a name it lacks.
+                held = set(pf.schema_arrow.names)
+                return pq.ParquetFile(warehouse.path(rel), filesystem=warehouse.filesystem(), metadata=pf.metadata,
+                                      read_dictionary=[t for t in tags if t in held]).read()
+        return pq.read_table(warehouse.path(rel), filesystem=warehouse.filesystem(),
+                             filters=[(TIME, ">=", lo), (TIME, "<=", hi)], read_dictionary=tags)
 
 
-SliceRunner = Callable[[Sequence[SliceTask], Path], Sequence[SliceResult]]
+SliceRunner = Callable[[Sequence[SliceTask], Root], Sequence[SliceResult]]
 """Runs `compact_slices` over every task of a call (one Spark job: `spark_jobs/compact_job.py`, the slices bundled
 into about one Spark task per core) and returns the results."""

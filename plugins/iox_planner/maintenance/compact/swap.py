@@ -5,7 +5,6 @@ assumed; otherwise nothing is registered and the staged outputs are deleted."""
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Iterator, Sequence
 
 import sqlalchemy as sa
@@ -13,16 +12,18 @@ import sqlalchemy as sa
 from iox_planner import storage
 from iox_planner.catalog import locks
 from iox_planner.catalog.store import Catalog, ChunkRow
-from iox_planner.errors import CatalogUnavailableError
+from iox_planner.errors import CatalogUnavailableError, StoreUnavailableError
+from iox_planner.faults import kill_point
 from iox_planner.ingest import files as chunk_files
 from iox_planner.maintenance.compact.plan import PartitionPlan, close_inputs, overlaps
 from iox_planner.maintenance.compact.report import Outcome
 from iox_planner.maintenance.compact.slices import SliceResult
 from iox_planner.model import LOCAL_STORE, ChunkKind
+from iox_planner.objectstore import Root
 
 
 def swap(catalog: Catalog, conn: sa.Connection, session: int, plan: PartitionPlan, results: Sequence[SliceResult],
-         root: Path) -> Outcome:
+         root: Root) -> Outcome:
     """Register the outputs and retire the inputs in ONE transaction on `conn`, the connection whose session
     `session` took the partition's compaction lock, after re-checking:
 
@@ -33,7 +34,7 @@ def swap(catalog: Catalog, conn: sa.Connection, session: int, plan: PartitionPla
       its COMMIT commits nothing);
     - under the partition's row lock (persist's lock: no persist of this partition runs meanwhile), that every
       input is still live and that no chunk now outside the compaction sits in the order trap;
-    - that every output file is in place, last thing before the COMMIT.
+    - that every output file is in place, last thing before the COMMIT (on a store one HEAD request each).
 
     On a failed check nothing is registered and the staged outputs are deleted."""
     written = [r for r in results if r.rows_out > 0]
@@ -68,9 +69,10 @@ def swap(catalog: Catalog, conn: sa.Connection, session: int, plan: PartitionPla
             if plan.promoted and catalog.promote_files(conn, [c.id for c in plan.promoted], plan.level) \
                     != len(plan.promoted):
                 raise _Changed("a file to promote changed meanwhile")
-            missing = [r.output for r in written if not (root / r.output).is_file()]
+            missing = [r.output for r in written if not root.exists(r.output)]
             if missing:
                 raise _Changed(f"staged output {missing[0]} is missing")
+            kill_point("compact.before_commit")
     except _Changed as changed:
         remove_outputs(root, results)
         return Outcome(plan.table, plan.partition, plan.level, len(plan.inputs), 0, plan.rows_in, 0,
@@ -144,6 +146,12 @@ def _rollback_only(conn: sa.Connection) -> Iterator[None]:
         raise _CommitFailed(str(err)) from err
 
 
-def remove_outputs(root: Path, results: Sequence[SliceResult]) -> None:
+def remove_outputs(root: Root, results: Sequence[SliceResult]) -> None:
+    """Delete the outputs of a compaction that registered none of them. Best effort on a store: one that no
+    longer answers keeps them as objects no row names, which the sweep removes after the grace period; the
+    failure that brought us here is the one to report."""
     for r in results:
-        (root / r.output).unlink(missing_ok=True)
+        try:
+            root.delete(r.output)
+        except StoreUnavailableError:
+            return
