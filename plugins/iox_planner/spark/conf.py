@@ -158,7 +158,8 @@ def spark_master() -> str:
 
 def spark_env() -> dict[str, str]:
     """What spark-submit and the job's Python need: the virtualenv's bin first on PATH (spark-submit lives there),
-    its Python for the workers, the checkout on PYTHONPATH (spark_jobs, iox_planner)."""
+    its Python for the workers, the checkout on PYTHONPATH (spark_jobs, iox_planner). Laid over the caller's own
+    environment, never instead of it: the object store's settings (`STORE_ENV`) reach Spark's processes that way."""
     bin_dir = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
     env = {
