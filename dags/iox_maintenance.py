@@ -39,12 +39,12 @@ with DAG(
     @task
     def expire() -> list[dict[str, Any]]:
         from iox_planner.catalog.store import open_catalog
-        from iox_planner.config import warehouse
+        from iox_planner.config import warehouse_root
         from iox_planner.maintenance.sweeps import DEFAULT_GRACE_SECONDS, expire_databases
 
         settings = RunSettings.from_env()
         with open_catalog() as catalog:
-            done = expire_databases(catalog, warehouse(), DEFAULT_GRACE_SECONDS, settings.persist_databases)
+            done = expire_databases(catalog, warehouse_root(), DEFAULT_GRACE_SECONDS, settings.persist_databases)
         for db, part, chunks in done:
             print(f"{db}.{part.table} {part.partition}: past the retention, {chunks} chunk(s) retired")
         return [{"db": db, "table": part.table, "partition": part.partition, "chunks": chunks}
