@@ -228,19 +228,8 @@ def _check_rel(rel: str) -> None:
         raise ValueError(f"not a relative path under a root: {rel!r}")
 
 
-def shown_uri(text: str) -> str:
-    """A refused URI as a message may repeat it: without a user or password before `@`, cut at a query or a
-    fragment (where a presigned URL carries its signature and token), at most 120 characters."""
-    scheme, sep, rest = text.partition("://")
-    authority, slash, path = rest.partition("/")
-    if sep and "@" in authority:
-        rest = "<credentials hidden>@" + authority.rsplit("@", 1)[1] + slash + path
-    shown = f"{scheme}{sep}{rest}"
-    cut = min([120, *(shown.find(mark) for mark in "?#" if mark in shown)])
-    return shown[:cut] + ("..." if len(shown) > cut else "")
-
-
-_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]*@|(?<=^s3:)[^/@\s]*@")
+"""A URL's user and password (`s3://key:secret@`), and a misspelt `s3:key:secret@` as a whole text."""
 _URL_QUERY = re.compile(r"(://[^\s?#]*)[?#]\S*")
 
 
@@ -255,7 +244,7 @@ def parse_root(text: str, *, what: str = "the location") -> Root:
     if is_uri(text):
         problem = uri_problem(text)
         if problem is not None:
-            raise BadInputError(f"{what} {shown_uri(text)!r} is refused: {problem}")
+            raise BadInputError(f"{what} {hide_credentials(text)[:120]!r} is refused: {problem}")
         bucket_and_prefix = text[len(S3):].strip("/")
         return Root(S3 + bucket_and_prefix)
     if not text.startswith("/"):

@@ -49,6 +49,12 @@ def store_env(tmp_path: Path) -> dict[str, str]:
             "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "aws-credentials")}
 
 
+def test_the_tests_set_every_setting_the_code_passes_to_spark_processes(tmp_path: Path) -> None:
+    from iox_planner.spark.conf import STORE_ENV
+
+    assert set(store_env(tmp_path)) == set(STORE_ENV)
+
+
 def assert_no_secret(*texts: str) -> None:
     for text in texts:
         for secret in SECRETS:
