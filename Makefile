@@ -45,7 +45,7 @@ test: venv nginx
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests/airflow --durations=40 $(PYTEST_ARGS)
 
 # The same, with every case of the suites CI samples (IOX_TEST_ALL=1: the object-store legs, the Connect
-# supervisor's restarts, the TLS proxy's refusals; README: Tests): before a release, not on every change.
+# supervisor's restarts; README: Tests): before a release, not on every change.
 test-all:
 	IOX_TEST_ALL=1 $(MAKE) test
 

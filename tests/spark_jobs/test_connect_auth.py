@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from common_support import FULL, assert_one_paragraph_error, run_cli, sampled
+from common_support import assert_one_paragraph_error, run_cli
 from connect_support import Server
 from iox_planner.catalog.store import Catalog
 from iox_planner.ingest.scenario import load_scenario, read_scenario
@@ -94,13 +94,11 @@ def test_plain_pyspark_without_the_token_or_with_a_wrong_one_runs_nothing(connec
     server = connect_server.server
     port, token = server.port, server.token
     # PySpark sends a token without TLS to `localhost` only (its ChannelBuilder).
-    # Without a token, with a wrong one in the URL and (IOX_TEST_ALL=1: the same check, the token read from
-    # elsewhere) in the environment (CI: the first and the last, `sampled`; a plain PySpark run takes about 10 s).
-    for url, env in sampled([(f"sc://127.0.0.1:{port}", {}),
-                             (f"sc://localhost:{port}", {"SPARK_CONNECT_AUTHENTICATE_TOKEN": wrong(token)}),
-                             (f"sc://localhost:{port}/;token={wrong(token)}", {})], 2):
-        got = plain_pyspark(url, env=env)
+    for url in (f"sc://127.0.0.1:{port}", f"sc://localhost:{port}/;token={wrong(token)}"):
+        got = plain_pyspark(url)
         assert got == {"sql": "refused: UNAUTHENTICATED", "reflect": "refused: UNAUTHENTICATED"}, (url, got)
+    got = plain_pyspark(f"sc://localhost:{port}", env={"SPARK_CONNECT_AUTHENTICATE_TOKEN": wrong(token)})
+    assert got == {"sql": "refused: UNAUTHENTICATED", "reflect": "refused: UNAUTHENTICATED"}, got
     # With it, the same client runs both: what was refused was the token, nothing else.
     got = plain_pyspark(f"sc://localhost:{port}", env={"SPARK_CONNECT_AUTHENTICATE_TOKEN": token})
     assert got["sql"] == "42" and not got["reflect"].startswith("refused"), got
@@ -262,19 +260,15 @@ def test_through_a_tls_proxy_a_query_runs_and_without_tls_or_the_token_nothing_d
     # Nor does the proxy answer a client that speaks no TLS, token or not.
     got = plain_pyspark(f"sc://{address}:{port}")
     assert all(v.startswith("refused") for v in got.values()) and got, got
-    # Over TLS, trusting its CA, but without the token (or, IOX_TEST_ALL=1, with a wrong one): the server refuses
-    # it. (Plain PySpark takes about 10 s a run here: CI runs one, the wrong token's refusal is tested on loopback.)
+    # Over TLS, trusting its CA, but without the token (or with a wrong one): the server refuses it.
     roots = {"GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(tls_proxy["ca"])}
-    for url in sampled([f"sc://{address}:{port}/;use_ssl=true",
-                        f"sc://{address}:{port}/;use_ssl=true;token={wrong(token)}"], 1):
+    for url in (f"sc://{address}:{port}/;use_ssl=true", f"sc://{address}:{port}/;use_ssl=true;token={wrong(token)}"):
         got = plain_pyspark(url, env=roots)
         assert got == {"sql": "refused: UNAUTHENTICATED", "reflect": "refused: UNAUTHENTICATED"}, (url, got)
-    # And with it, through the proxy: the refusals above were the token's (iox-batch's own query above, with the
-    # token, ran through the same proxy; plain PySpark with it under IOX_TEST_ALL=1).
-    if FULL:
-        got = plain_pyspark(f"sc://{address}:{port}/;use_ssl=true", env={**roots,
-                                                                         "SPARK_CONNECT_AUTHENTICATE_TOKEN": token})
-        assert got["sql"] == "42", got
+    # And with it, through the proxy: the refusals above were the token's.
+    got = plain_pyspark(f"sc://{address}:{port}/;use_ssl=true", env={**roots,
+                                                                     "SPARK_CONNECT_AUTHENTICATE_TOKEN": token})
+    assert got["sql"] == "42", got
     # A CA that did not sign the proxy's certificate: refused as a server not reached, nothing sent.
     other = Path(tls_proxy["ca"]).parent / "other"
     other.mkdir(exist_ok=True)
