@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYSPARK_PIN := $(shell grep -E '^pyspark==' requirements.lock)
 PYTEST_ARGS ?=
 
-.PHONY: all venv nginx test test-fast soak faults demo typecheck bench bench-compaction bench-late-batch bench-tsbs lock clean stop-postgres airflow-setup
+.PHONY: all venv nginx test test-all test-fast soak faults demo typecheck bench bench-compaction bench-late-batch bench-tsbs lock clean stop-postgres airflow-setup
 
 all: test
 
@@ -41,8 +41,13 @@ nginx:
 
 test: venv nginx
 	$(BIN)/iox-batch catalog migrate
-	$(BIN)/python -m pytest -n 2 --ignore=tests/airflow --durations=20 $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests/airflow --durations=10 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --ignore=tests/airflow --durations=40 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests/airflow --durations=40 $(PYTEST_ARGS)
+
+# The same, with every case of the suites CI samples (IOX_TEST_ALL=1: the object-store legs, the Connect
+# supervisor's restarts; README: Tests): before a release, not on every change.
+test-all:
+	IOX_TEST_ALL=1 $(MAKE) test
 
 # Everything that needs neither Spark nor Airflow (no JVM, no scheduler: planner, catalog, ingest, maintenance
 # without Spark, runs, security, type and layer checks): the quick loop while changing code.

@@ -76,9 +76,10 @@ _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 
 def _shown(text: str) -> str:
     """A refused value as a message repeats it: at most 40 characters, without what may be a credential (a URL's
-    user and password, Spark Connect's `;key=value` parameters such as `;token=`)."""
+    user and password, Spark Connect's `;key=value` parameters such as `;token=`, a URL's query or fragment, where a
+    presigned URL carries its signature and token)."""
     text = _USERINFO.sub("***@", text)
-    cut = min(40, text.find(";") if ";" in text else 40)
+    cut = min([40, *(text.find(mark) for mark in ";?#" if mark in text)])
     return repr(text[:cut] + ("..." if len(text) > cut else ""))
 
 

@@ -228,12 +228,23 @@ def _check_rel(rel: str) -> None:
         raise ValueError(f"not a relative path under a root: {rel!r}")
 
 
+_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]*@|(?<=^s3:)[^/@\s]*@")
+"""A URL's user and password (`s3://key:secret@`), and a misspelt `s3:key:secret@` as a whole text."""
+_URL_QUERY = re.compile(r"(://[^\s?#]*)[?#]\S*")
+
+
+def hide_credentials(text: str) -> str:
+    """`text` (a message naming what a user gave) with every URL's user and password, query and fragment hidden:
+    what a message may repeat of a location that might carry a credential."""
+    return _URL_USERINFO.sub("<credentials hidden>@", _URL_QUERY.sub(r"\1?...", text))
+
+
 def parse_root(text: str, *, what: str = "the location") -> Root:
     """`text` (an absolute local folder or `s3://BUCKET/PREFIX`) as a `Root`; BadInputError saying why not."""
     if is_uri(text):
         problem = uri_problem(text)
         if problem is not None:
-            raise BadInputError(f"{what} {text[:120]!r} is refused: {problem}")
+            raise BadInputError(f"{what} {hide_credentials(text)[:120]!r} is refused: {problem}")
         bucket_and_prefix = text[len(S3):].strip("/")
         return Root(S3 + bucket_and_prefix)
     if not text.startswith("/"):

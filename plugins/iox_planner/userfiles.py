@@ -11,6 +11,7 @@ import stat
 from typing import BinaryIO
 
 from iox_planner.errors import BadInputError
+from iox_planner.objectstore import hide_credentials
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
@@ -22,6 +23,10 @@ def open_regular(path: str | os.PathLike[str], what: str, *, follow_links: bool 
     {why}{hint}`. The open does not block (`O_NONBLOCK`: opening a FIFO nobody writes to would wait forever), and
     the check is `fstat` on what was opened, not a look at the path beforehand that a swap could outdate.
     `follow_links=False` refuses a symlink (a bulk load's pinned files)."""
+    # A message repeats the name the user gave: never a URL's credentials (`s3://key:secret@...` is no local file).
+    what = hide_credentials(what)
+    if "://" in os.fspath(path):
+        raise BadInputError(f"cannot read {what}: it is a URL, and this takes a local file{hint}")
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)

@@ -1,5 +1,7 @@
 """docker-compose.yml cannot run here (no Docker engine): check that it parses and that its services, images,
-volumes and environment agree with each other and with the code's settings."""
+volumes and environment agree with each other and with the code's settings: the lake in a bucket of the minio
+service that minio-init makes, every iox-batch process given the standard AWS_* settings in its environment (no
+secret written in the file, none on a command line), and no shared data volume."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ COMPOSE = ROOT / "docker-compose.yml"
 AIRFLOW = ("airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor")
 SPARK = ("spark-master", "spark-worker", "spark-connect")
 TLS = ("spark-tls-init", "spark-tls-proxy")
+STORE = ("minio", "minio-init")
+STORE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_ENDPOINT_URL")
 TEMPLATE = ROOT / "scripts" / "spark-tls-proxy.conf.template"
 
 
@@ -56,7 +60,7 @@ def mounts(service: dict[str, Any]) -> dict[str, str]:
 
 def test_services_and_images(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"postgres", *AIRFLOW, *SPARK, *TLS}
+    assert set(services) == {"postgres", *AIRFLOW, *SPARK, *TLS, *STORE}
     assert services["postgres"]["image"].startswith("postgres:")
     images = {services[name]["image"] for name in (*AIRFLOW, *SPARK, "spark-tls-init")}
     assert images == {"iox-batch:local"}, "every Airflow and Spark container runs the one project image"
@@ -70,7 +74,7 @@ def test_services_and_images(compose: dict[str, Any]) -> None:
         ["airflow", "api-server"], ["airflow", "scheduler"], ["airflow", "dag-processor"]]
     init = " ".join(command_of(services["airflow-init"]))
     assert "airflow db migrate" in init and "iox-batch catalog migrate" in init
-    assert "mkdir -p /data/warehouse /data/output /tls && chown -R airflow:root /data /tls" in dockerfile
+    assert "mkdir -p /tls && chown -R airflow:root /tls" in dockerfile and "/data" not in dockerfile
 
 
 def test_environment_agrees_with_the_code_and_across_services(compose: dict[str, Any]) -> None:
@@ -90,12 +94,9 @@ def test_environment_agrees_with_the_code_and_across_services(compose: dict[str,
         # Spark: the master the cluster runs, and spark_default derived from it exactly as the code derives it.
         assert env["IOX_SPARK_MASTER"] == master
         assert json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"]) == json.loads(spark_connection(master))
-        # The warehouse and outputs live on the one shared volume, mounted at the same path everywhere.
-        volume = mounts(services[name])
-        for var in ("IOX_WAREHOUSE", "IOX_OUTPUT_ROOT"):
-            path = PurePosixPath(env[var])
-            shared = [t for t in volume if path.is_relative_to(t)]
-            assert shared and volume[shared[0]] == "iox-data", (name, var)
+        # The warehouse and the outputs are in the bucket, reached with the standard settings; no data volume.
+        assert set(mounts(services[name]).values()) <= {"iox-tls"}, name
+        assert {k: env[k] for k in STORE_ENV} == {k: env_of(services["airflow-scheduler"])[k] for k in STORE_ENV}
         assert env["IOX_HOME"] == "/opt/iox" and env["AIRFLOW__CORE__DAGS_FOLDER"] == "/opt/iox/dags"
         # Airflow's metadata: the same Postgres, database `airflow` (created by the postgres entrypoint), with
         # asyncpg for Airflow 3's async engine.
@@ -111,7 +112,7 @@ def test_environment_agrees_with_the_code_and_across_services(compose: dict[str,
     assert "8080:8080" in services["airflow-api-server"]["ports"]
     scheduler_conf = env_of(services["airflow-scheduler"])["IOX_SPARK_CONF"]
     assert "spark.driver.host=airflow-scheduler" in scheduler_conf
-    assert set(compose["volumes"]) == {"postgres-data", "iox-data", "iox-tls"}
+    assert set(compose["volumes"]) == {"postgres-data", "minio-data", "iox-tls"}
     # The server listens on its container's loopback only (no --host), its gate on the port after; the CLI in
     # every container reaches both through the TLS proxy, with one token that has no default, trusting the CA in
     # the iox-tls volume; the image needs a JRE only (no code compiled at start).
@@ -166,3 +167,39 @@ def test_compose_validates_where_a_compose_cli_exists(tmp_path: Path) -> None:
     done = subprocess.run([cli, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "IOX_SPARK_GATE_TOKEN": "0" * 64})
     assert done.returncode == 0, done.stderr
+
+
+def test_the_lake_is_a_bucket_every_process_reaches_with_the_standard_aws_settings(compose: dict[str, Any]) -> None:
+    """IOX_WAREHOUSE and IOX_OUTPUT_ROOT name the bucket minio-init makes (with MinIO's client, whose credentials
+    come from its environment), on the endpoint of the minio service, with that service's credentials; the secret
+    is never written here (it comes from `.env`, required) and is on no command line."""
+    from iox_planner import config, objectstore
+
+    services = compose["services"]
+    minio, init = services["minio"], services["minio-init"]
+    minio_env = env_of(minio)
+    made = command_of({"command": init["entrypoint"]})
+    assert made[:3] == ["mc", "mb", "--ignore-existing"]
+    alias, bucket = made[3].split("/", 1)
+    store = env_of(init)[f"MC_HOST_{alias}"]
+    assert store.startswith("http://${IOX_S3_ACCESS_KEY:-iox-batch}:${IOX_S3_SECRET_KEY:?") and store.endswith(
+        "@minio:9000")
+    assert minio_env["MINIO_ROOT_PASSWORD"].startswith("${IOX_S3_SECRET_KEY:?")
+    assert minio["healthcheck"]["test"] == ["CMD", "mc", "ready", "local"]
+    assert init["depends_on"]["minio"] == {"condition": "service_healthy"}
+    assert services["airflow-init"]["depends_on"]["minio-init"] == {"condition": "service_completed_successfully"}
+    assert mounts(minio)["/data"] == "minio-data"
+    for name in (*AIRFLOW, *SPARK):
+        env = env_of(services[name])
+        warehouse = config.WAREHOUSE.parse(env["IOX_WAREHOUSE"])
+        assert not warehouse.is_local and warehouse.bucket == bucket, name
+        assert objectstore.uri_problem(env["IOX_OUTPUT_ROOT"]) is None
+        assert objectstore.parse_root(env["IOX_OUTPUT_ROOT"]).bucket == bucket
+        assert env["AWS_ENDPOINT_URL"] == "http://minio:9000"
+        assert env["AWS_ACCESS_KEY_ID"] == minio_env["MINIO_ROOT_USER"]
+        assert env["AWS_SECRET_ACCESS_KEY"] == minio_env["MINIO_ROOT_PASSWORD"]
+        assert env["AWS_SECRET_ACCESS_KEY"].startswith("${IOX_S3_SECRET_KEY:?"), "no default secret"
+        assert env["AWS_REGION"]
+        command = " ".join(command_of(services[name]))
+        assert "AWS_" not in command and "IOX_S3_SECRET_KEY" not in command and "fs.s3a" not in command, name
+        assert "fs.s3a" not in env.get("IOX_SPARK_CONF", "") and "AWS_" not in env.get("IOX_SPARK_CONF", "")

@@ -6,6 +6,7 @@ from here. Imports no pyspark, so the DAG files can use it at parse time."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Mapping
@@ -81,16 +82,49 @@ EXIT_ON_OOM = "-XX:+ExitOnOutOfMemoryError"
 OOM_EXIT_STATUSES = frozenset({3, 52})
 
 
+STORE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
+             "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE",
+             "AWS_SHARED_CREDENTIALS_FILE")
+"""The standard settings a process reaches the object store with. Every Spark process gets them from its own
+environment (spark-submit and the Connect server inherit the caller's, Python workers their JVM's, a standalone
+cluster's executors their worker's), never as a Spark setting: a `--conf` is on a command line any user of the
+machine can read, and Spark shows its settings in its UI and logs."""
+_SECRET_VALUES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+_SECRET_KEY = re.compile(
+    r"secret|password|passwd|token|credential|access[._-]?key|session[._-]?key|"
+    r"(?:executorEnv|appMasterEnv|driverEnv|driverSecretKeyRef|executorSecretKeyRef)\.AWS_", re.IGNORECASE)
+"""A Spark setting that carries a credential (Hadoop's `fs.s3a.secret.key`, a token, an `AWS_*` environment
+variable handed to executors): refused, so no secret reaches a command line, a plan or a state file."""
+
+
+def _holds_secret(text: str) -> bool:
+    return any(len(secret) >= 8 and secret in text for secret in (os.environ.get(n, "") for n in _SECRET_VALUES))
+
+
+def check_not_secret(key: str, value: str, where: str) -> None:
+    """Refuse a Spark setting `key=value` that names a credential or holds this process's AWS secret."""
+    if _SECRET_KEY.search(key) or _holds_secret(key + value):
+        shown = "<hidden>" if _holds_secret(key) else key[:80]
+        raise BadInputError(
+            f"{where} setting {shown} is refused: it would carry a credential on a command line and into logs; "
+            "the object store's credentials come from the standard AWS_* settings (AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the default credential chain) in the environment of each "
+            "process, which Spark's processes inherit")
+
+
 def parse_spark_conf(text: str | None) -> dict[str, str]:
-    """IOX_SPARK_CONF: `key=value` pairs separated by commas, semicolons or newlines."""
+    """IOX_SPARK_CONF: `key=value` pairs separated by commas, semicolons or newlines (none carrying a
+    credential: `check_not_secret`)."""
     out: dict[str, str] = {}
     for item in (text or "").replace(";", "\n").replace(",", "\n").splitlines():
         item = item.strip()
         if not item:
             continue
         key, sep, value = item.partition("=")
+        check_not_secret(key.strip(), value.strip(), "IOX_SPARK_CONF")
         if not sep:
-            raise BadInputError(f"IOX_SPARK_CONF entry {item!r} is not key=value")
+            raise BadInputError(f"IOX_SPARK_CONF entry {item[:80]!r} is not key=value")
         out[key.strip()] = value.strip()
     return out
 
@@ -124,7 +158,8 @@ def spark_master() -> str:
 
 def spark_env() -> dict[str, str]:
     """What spark-submit and the job's Python need: the virtualenv's bin first on PATH (spark-submit lives there),
-    its Python for the workers, the checkout on PYTHONPATH (spark_jobs, iox_planner)."""
+    its Python for the workers, the checkout on PYTHONPATH (spark_jobs, iox_planner). Laid over the caller's own
+    environment, never instead of it: the object store's settings (`STORE_ENV`) reach Spark's processes that way."""
     bin_dir = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
     env = {

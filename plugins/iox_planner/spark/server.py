@@ -38,7 +38,7 @@ from filelock import FileLock
 from iox_planner import config
 from iox_planner.config import state_dir
 from iox_planner.errors import BadInputError, SparkUnavailableError
-from iox_planner.spark.conf import spark_env
+from iox_planner.spark.conf import check_not_secret, spark_env
 
 REMOTE_ENV = config.SPARK_REMOTE.name
 GATE_PORT_ENV = config.SPARK_GATE_PORT.name
@@ -485,5 +485,6 @@ def parse_conf(items: Sequence[str]) -> dict[str, str]:
             raise BadInputError(f"--conf {key.strip()[:80]} is set by iox-batch itself: the server's token (from "
                                 f"{GATE_TOKEN_ENV} or a random one, in the environment, never on a command line), "
                                 "its address (--host, --port) and who may call it; leave it out")
+        check_not_secret(key.strip(), value, "--conf")
         out[key.strip()] = value.strip()
     return out
