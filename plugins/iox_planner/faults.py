@@ -9,7 +9,8 @@ inside an open transaction, say), and then kills at a measured moment after that
 Both variables are read once, at import: unset (always, outside those tests) a kill point costs two comparisons
 with None. Names in use: `write.before_commit`, `write.chunk_put` (after each chunk file's put), `persist.before_put`,
 `persist.before_commit`, `persist.before_sweeps`, `bulk.after_tasks` and
-`bulk.before_commit` (`ingest/bulk.py`), `publish.before_write` (the output's folder is checked and held open,
+`bulk.before_commit` (`ingest/bulk.py`), `compact.before_swap` and `compact.before_commit`
+(`maintenance/compact/`), `publish.before_write` (the output's folder is checked and held open,
 its private staging folder made: the writer, Spark or the commit step, is about to fill it), `publish.before_rename`,
 `publish.after_rename`, `publish.old_moved_aside`, and in the runs' commit step (`runs/commit.py`)
 `commit.start`, `commit.before_commit`, `commit.after_commit`."""

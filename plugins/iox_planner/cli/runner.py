@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence, TextIO
 
 from iox_planner import config
 from iox_planner.config import warehouse
+from iox_planner.objectstore import is_uri
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.lineprotocol import Precision
 from iox_planner.output import OutputFormat
@@ -116,7 +117,9 @@ def bulk_load(db: str, source: str, precision: Precision, accept_partial: bool,
     from iox_planner.ingest.lineprotocol import LineError
     from iox_planner.ingest.write import WriteResult, WrittenChunk
 
-    done = launcher(progress=progress).run(BulkLoadJob(db, str(Path(source).absolute()), precision, accept_partial))
+    # An s3:// input is a URI, never a path relative to the current folder.
+    given = source if is_uri(source) else str(Path(source).absolute())
+    done = launcher(progress=progress).run(BulkLoadJob(db, given, precision, accept_partial))
     return WriteResult(tuple(WrittenChunk(**c) for c in done["chunks"]),
                        tuple(LineError(**e) for e in done["rejected"]))
 

@@ -286,7 +286,39 @@ def sweep_bulk_loads(catalog: Catalog, root: Root | Path, grace_seconds: float) 
             finally:
                 locks.unlock(conn, key)
                 conn.commit()
+    if not where.is_local:
+        removed += _sweep_store_loads(catalog, where, cutoff)
     return removed
+
+
+def _sweep_store_loads(catalog: Catalog, root: Root, cutoff: float) -> list[str]:
+    """On a store a bulk load's chunks stay where its tasks put them (`_loads/<load id>/<uuid>.parquet`, the keys
+    its rows name): a load that failed or was killed before its COMMIT leaves objects no row names. Each load
+    folder whose newest object is older than the cutoff and whose load lock is free loses those; what rows name
+    (a committed load's chunks) stays. Returns the load ids swept."""
+    loads: dict[str, tuple[float, list[str]]] = {}
+    for item in root.list(storage.BULK_LOADS):
+        if not storage.BULK_CHUNK_PATH.fullmatch(item.rel):
+            continue
+        load_id = item.rel.split("/")[1]
+        newest, files = loads.setdefault(load_id, (0.0, []))
+        files.append(item.rel)
+        loads[load_id] = (max(newest, item.mtime), files)
+    swept = []
+    for load_id, (newest, files) in sorted(loads.items()):
+        if newest > cutoff:
+            continue
+        key = locks.bulk_load_key(load_id)
+        with catalog.engine.connect() as conn:
+            if not locks.try_lock(conn, key):
+                continue  # the load is running
+            try:
+                if _delete_unnamed(catalog, root, sorted(files)):
+                    swept.append(load_id)
+            finally:
+                locks.unlock(conn, key)
+                conn.commit()
+    return swept
 
 
 def _staged_loads(root: Root) -> dict[str, tuple[float, list[str]]]:

@@ -46,10 +46,6 @@ def compact(
     database's retention are retired first, never compacted (`sweeps.expire_partitions`), and files retired longer
     ago than the grace period are deleted last (`sweeps.collect_garbage`)."""
     root = storage.warehouse_of(warehouse)
-    # Part of the writers' work (issue 32): the sweeps below take a local folder; a store's warehouse is swept
-    # by listing it, their own way. On a store a compaction's stray is an object no row names, which that sweep
-    # removes after the grace period.
-    local = root.local_path if root.is_local else None
     settings = settings or CompactSettings.from_env()
     say = progress or (lambda _line: None)
     report = Report()
@@ -81,8 +77,7 @@ def compact(
             # Planned again under the locks: a compactor that finished just before we locked changed the files.
             plans: list[PartitionPlan] = []
             for pid in locked:
-                if local is not None:
-                    sweep_locked_partition(lock_conn, local, pid)
+                sweep_locked_partition(lock_conn, root, pid)
                 for item in find_work(catalog, lock_conn, db_id, settings, only=[pid]):
                     if isinstance(item, PartitionPlan) and not rewrites:
                         item = without_rewrite(item)
@@ -127,6 +122,5 @@ def compact(
                 for pid in locked:
                     locks.unlock(lock_conn, locks.compaction_key(pid))
                 lock_conn.commit()
-    if local is not None:
-        collect_garbage(catalog, local, DEFAULT_GRACE_SECONDS)
+    collect_garbage(catalog, root, DEFAULT_GRACE_SECONDS)
     return report
