@@ -28,6 +28,7 @@ from iox_planner import storage
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import BadInputError, StoreUnavailableError
 from iox_planner.ingest import bulk
+from iox_planner.maintenance import sweeps
 from iox_planner.maintenance.persist import persist
 from iox_planner.objectstore import Root, local_root, parse_root
 from iox_planner.spark.jobs import BulkLoadJob
@@ -272,3 +273,9 @@ def test_a_load_killed_on_the_store_leaves_only_unreferenced_objects(catalog: Ca
     assert left, f"nothing was put before {point}"
     assert all(storage.BULK_CHUNK_PATH.fullmatch(p) for p in left) and not left & named_paths(catalog), left
     assert len({p.split("/")[1] for p in left}) == 1, "the load's objects are not under its one folder"
+    # The grace-period sweep keeps them while they are young, then removes exactly them.
+    root = parse_root(s3_warehouse)
+    assert sweeps.sweep_bulk_loads(catalog, root, 3600) == []
+    assert {o.rel for o in root.list()} == left
+    assert sweeps.sweep_bulk_loads(catalog, root, 0) == [next(iter(left)).split("/")[1]]
+    assert list(root.list()) == []
