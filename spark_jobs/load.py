@@ -14,6 +14,7 @@ from iox_planner.model import NS_PREFIX
 from iox_planner.objectstore import Root, parse_root
 from iox_planner.output import Destination
 from spark_jobs.connect import executors_share_this_machine
+from spark_jobs.errors import worker_error
 from spark_jobs.transform import has_variant, q, variants_as_json
 
 
@@ -109,7 +110,15 @@ def _write_parquet_to_store(result: DataFrame, target: Root) -> int:
     final = _without_helpers(result)
     with staged_folder(target) as stage:
         write = _part_writer(target.uri, stage.id)
-        written = final.mapInArrow(write, "key string, size long, rows long").collect()
+        try:
+            written = final.mapInArrow(write, "key string, size long, rows long").collect()
+        except Exception as err:
+            # A worker's own error (the store gone: StoreUnavailableError, exit 75) keeps its class and message;
+            # anything else (the query's) is the caller's to word, as for the local writer.
+            kind, message = worker_error(err)
+            if kind is None:
+                raise
+            raise kind(message) from err
         for row in written:
             stage.add(row["key"], row["size"], row["rows"])
         if not written:  # no task had a row: one empty file keeps the result's columns

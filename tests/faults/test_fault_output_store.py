@@ -162,10 +162,12 @@ def test_store_cut_mid_commit_is_retryable_and_shows_no_partial_output(
         proxy.stop()
 
 
-@pytest.mark.parametrize("fmt, point", sampled([("csv", "publish.store_before_put"),
-                                                ("parquet", "publish.store_before_manifest")], 1))
-def test_store_cut_mid_cli_query_publishes_nothing(fw: FaultWorld, spark: object, s3_server: Any, fmt: str,
-                                                   point: str) -> None:
+# The store cut while the Spark workers write the Parquet parts (their own connections: they fail in the workers),
+# just before the manifest (the driver's put), and just before a text result's one put.
+@pytest.mark.parametrize("fmt, point", sampled([("parquet", "publish.before_write"),
+                                                ("csv", "publish.store_before_put"),
+                                                ("parquet", "publish.store_before_manifest")], 2))
+def test_store_cut_mid_cli_query_publishes_nothing(fw: FaultWorld, s3_server: Any, fmt: str, point: str) -> None:
     """`iox-batch query --output s3://...` in a process of its own (its own Spark: Parquet parts are written by
     its Python workers through the proxy too), the store cut just before the object or the manifest."""
     root = f"{fresh_prefix()}/out"

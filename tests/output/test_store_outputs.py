@@ -310,3 +310,59 @@ def test_dataclasses_of_runs_carry_the_uri_not_a_path(out_root: str) -> None:
                   warehouse=Path("/tmp/wh"))
     again = PlanJob.parse(job.args())
     assert again == dataclasses.replace(job) and again.output == parse_root(f"{out_root}/r.csv")
+
+
+@pytest.mark.spark
+def test_a_materialized_interval_with_register_as_commits_to_a_store_output_root(
+        spark: Any, data: str, out_root: str, catalog: Catalog) -> None:
+    """The commit step's other path: the rows registered as a catalog table and the requested format written from
+    them (a Parquet publication of one part), in the one publishing transaction."""
+    from iox_planner.catalog import runs
+    from iox_planner.objectstore import parse_root
+    from iox_planner.output import OutputFormat
+    from iox_planner.runs.commit import commit
+    from iox_planner.runs.planning import plan
+    from iox_planner.runs.request import QueryRequest, RegisterAs
+    from iox_planner.runs.settings import RunSettings
+    from iox_planner.runs.staging import RunIdentity
+    from spark_jobs.launch import InProcessLauncher
+
+    day = 86_400 * 10**9
+    remote = f"{out_root}/mat/2024-01-01.parquet"
+    request = QueryRequest(db=data, sql="SELECT t, max(v) AS vmax, date_trunc('day', time) AS time FROM m "
+                                        "GROUP BY t, date_trunc('day', time)",
+                           output=parse_root(remote), format=OutputFormat.PARQUET, time_start=T0,
+                           time_end=T0 + day, definition="store_daily", register_as=RegisterAs("m_daily", ("t",)))
+    identity = RunIdentity("materialize_store_daily", f"store-{data}")
+    outcome = plan(request, identity, RunSettings.from_env())
+    for job in outcome.jobs:
+        InProcessLauncher().run(job)
+    done = commit(request, identity, outcome.handle())
+    assert done.output == remote and done.rows == 2 and done.registered is not None
+    assert done.registered["table"] == "m_daily" and done.registered["rows"] == 2
+    rows = publication_rows(remote)
+    assert sorted((r["t"], r["vmax"]) for r in rows) == [("a", 9.5), ("b", 2.5)]
+    run = runs.get_run(catalog, done.query_run)
+    assert run is not None and run["status"] == "success"
+    (record,) = records(catalog, remote)
+    assert record["kind"] == "folder" and record["run"] == identity.holder
+
+
+def test_run_settings_take_store_roots_beside_local_ones(tmp_path: Path) -> None:
+    from iox_planner.errors import BadInputError
+    from iox_planner.objectstore import Root
+    from iox_planner.runs.settings import RunSettings
+
+    env = {"IOX_OUTPUT_ROOTS": f"{tmp_path}:s3://{BUCKET}/runs/out:s3://{BUCKET}/other"}
+    settings = RunSettings.from_env(env)
+    assert settings.output_root == tmp_path.resolve()  # the first listed takes relative outputs
+    assert settings.output_roots == (tmp_path.resolve(), Root(f"s3://{BUCKET}/runs/out"), Root(f"s3://{BUCKET}/other"))
+    assert settings.root_of(Root(f"s3://{BUCKET}/runs/out/x.csv")) == Root(f"s3://{BUCKET}/runs/out")
+    # A prefix is not a folder boundary by text alone: `out2` is not under `out`.
+    assert settings.root_of(Root(f"s3://{BUCKET}/runs/out2/x.csv")) is None
+    assert settings.root_of(Root(f"s3://{BUCKET}/runs/out")) is None  # the root itself is no output
+    assert settings.root_of(tmp_path / "x.csv") == tmp_path.resolve()
+    with pytest.raises(BadInputError, match="whole bucket"):
+        RunSettings(output_root=Root(f"s3://{BUCKET}"))
+    with pytest.raises(BadInputError, match="not allowed"):
+        RunSettings.from_env({"IOX_OUTPUT_ROOTS": f"{tmp_path}:s3:/{BUCKET}/x"})
