@@ -154,7 +154,7 @@ GOOD: dict[str, str] = {
     "IOX_COMPACT_DATABASES": "demo,cpu_db",
     "IOX_PERSIST_DATABASES": "demo",
     "IOX_FAULT_PAUSE_AT": "persist.before_sweeps,commit.start",
-    "IOX_OUTPUT_ROOTS": "/data/out:/tmp/other",
+    "IOX_OUTPUT_ROOTS": "/data/out:s3://iox-bucket/out:/tmp/other",
 }
 OWN_HOSTILE: dict[str, list[str]] = {
     # a path where a URL is meant, another database system
@@ -168,6 +168,12 @@ OWN_HOSTILE: dict[str, list[str]] = {
     "IOX_COMPACT_DATABASES": ["a,,b", "a, b", "a,", ",", "bad name"],
     "IOX_PERSIST_DATABASES": ["a,,b", "a, b", "demo;x"],
     "IOX_FAULT_PAUSE_AT": ["a.b,,c.d", "a.b, c.d", "nope"],
+    # a list split at `:`: only `s3` then `//...` is rejoined; every other piece must be an absolute path
+    "IOX_OUTPUT_ROOTS": ["/tmp::/x", "/tmp:", ":/tmp", "/a:relative", "/a:~/b", "/a:s3:bucket/x", "/a:s3",
+                         "/a:s3:/b/c", "/a:gs://b/c", "/a:S3://b/c", "/a:s3://b/c", "/a:s3:////b/c",
+                         "/a:s3://bucket/x:y", "/a:s3://iox-bucket/p?x=1", "/a:s3://iox-bucket:9000/p",
+                         "s3://AKIA:secret@iox-bucket/p", "/a:s3://AKIA:se/cret@iox-bucket/p", "/a:s3://iox-bucket/../p",
+                         "/a:file:///tmp/x", "/a:http://h/x", "s3", "s3:"],
 }
 PATHS = ["relative/dir", "./x", "x", "~/data", "~", "s3://bucket/prefix", "file:///tmp/x", "gs://b/p",
          "http://host/x", "s3:bucket"]
@@ -179,6 +185,7 @@ KIND_HOSTILE: dict[type, list[str]] = {
         "s3://AKIA:secret@bucket/wh", "s3://bucket:9000/wh", "s3://bucket/wh?x=1", "s3://bucket/../wh",
         "s3://Bucket/wh", "s3:bucket/wh", "s3a://bucket/wh", "gs://bucket/wh"],
     config.Schedule: ["* * * * * *", "@hourly x", "@HOURLY", "hourly", "* * *"],
+    config.Locations: [p for p in PATHS if p != "s3://bucket/prefix"],
 }
 
 
@@ -210,8 +217,6 @@ def _hostile(setting: config.Setting[object]) -> list[str]:
         found += [str(setting.high + 1)] + ([str(setting.low - 1), "0"] if setting.low > 0 else [])
     if isinstance(setting, config.Choice):
         found += [setting.default.upper(), setting.default + "x", "yes", setting.default.replace("-", "_")]
-    if isinstance(setting, config.Listed) and setting.storage:
-        found += PATHS + ["/tmp::/x", "/tmp:", "/a:s3://b/c", "/a:relative", "/a:~/b"]
     if isinstance(setting, config.Text) or (isinstance(setting, config.Listed) and not setting.storage):
         assert setting.name in OWN_HOSTILE, f"{setting.name}: give it hostile values of its own in OWN_HOSTILE"
     return [value for value in dict.fromkeys(found) if value != good]
@@ -229,20 +234,27 @@ def test_every_setting_refuses_what_is_not_what_it_looks_like(setting: config.Se
         assert setting.allowed in message and "\n" not in message, (bad, message)
 
 
-URLS = ["s3://bucket/prefix", "file:///data/warehouse", "gs://b/p", "http://h/x", "HTTPS://h/x", "s3:bucket"]
+@pytest.mark.parametrize("setting", [config.WAREHOUSE, config.OUTPUT_ROOT, config.OUTPUT_ROOTS],
+                         ids=lambda s: s.name)
+def test_a_location_with_credentials_is_refused_without_repeating_them(setting: config.Setting[object]) -> None:
+    for value in ("s3://AKIAKEY:wJalrXUtnFEMI@bucket/wh", "s3://AKIAKEY:wJalrXU/tnFEMI@bucket/wh",
+                  "s3://wJalrXUtnFEMI@bucket/wh"):
+        for text in ([value] if setting is not config.OUTPUT_ROOTS else [value, f"/data/out:{value}"]):
+            with pytest.raises(BadInputError) as raised:
+                setting.read({setting.name: text})
+            message = str(raised.value)
+            assert "credentials" in message and "wJalrX" not in message and "tnFEMI" not in message, message
 
 
-# `s3:bucket` in IOX_OUTPUT_ROOTS, a list split at `:`, is two relative paths, refused as such.
-@pytest.mark.parametrize("setting, url", [(s, u) for s in (config.OUTPUT_ROOT, config.OUTPUT_ROOTS)
-                                          for u in URLS if s is not config.OUTPUT_ROOTS or "://" in u],
-                         ids=lambda v: v.name if isinstance(v, config.Setting) else v)
-def test_a_url_for_the_warehouse_or_an_output_root_says_object_storage_is_not_supported(
-        setting: config.Setting[object], url: str) -> None:
-    for value in ([url] if setting is not config.OUTPUT_ROOTS else [url, f"/data/out:{url}"]):
-        with pytest.raises(BadInputError) as raised:
-            setting.read({setting.name: value})
-        message = str(raised.value)
-        assert "object storage is not supported yet" in message and "absolute paths such as" in message, message
+def test_output_roots_list_local_folders_and_store_prefixes_unambiguously() -> None:
+    """IOX_OUTPUT_ROOTS is split at `:`, which `s3://` holds: an `s3` piece followed by `//...` is one location."""
+    read = config.OUTPUT_ROOTS.read
+    assert read({"IOX_OUTPUT_ROOTS": "/data/out:s3://iox-bucket/runs/out:/tmp/x"}) == (
+        Root("/data/out"), Root("s3://iox-bucket/runs/out"), Root("/tmp/x"))
+    assert read({"IOX_OUTPUT_ROOTS": "s3://iox-bucket/a:s3://iox-bucket/b/"}) == (
+        Root("s3://iox-bucket/a"), Root("s3://iox-bucket/b"))
+    assert config.OUTPUT_ROOT.read({"IOX_OUTPUT_ROOT": "s3://iox-bucket/out"}) == Root("s3://iox-bucket/out")
+    assert config.split_locations("/a:s3://b/c:s3:x://y") == ["/a", "s3://b/c", "s3", "x", "//y"]
 
 
 def test_a_relative_folder_or_tilde_is_refused_not_resolved_against_the_current_folder() -> None:

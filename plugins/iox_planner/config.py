@@ -279,15 +279,6 @@ class Folder(Setting[Path | None]):
         return "an absolute path"
 
 
-def _without_userinfo(text: str) -> str:
-    """A URL as it may be shown: anything before an `@` in its authority (a user, a key, a secret) replaced."""
-    scheme, sep, rest = text.partition("://")
-    if not sep or "@" not in rest.split("/", 1)[0]:
-        return text
-    return f"{scheme}://<credentials hidden>@{rest.split('/', 1)[0].rsplit('@', 1)[1]}" + \
-        (f"/{rest.split('/', 1)[1]}" if "/" in rest else "")
-
-
 @dataclass(frozen=True)
 class Location(Setting[Root | None]):
     """Where files live: an absolute local folder (as `Folder`) or `s3://BUCKET/PREFIX` on an S3-compatible store
@@ -302,7 +293,8 @@ class Location(Setting[Root | None]):
         checked = self.checked(text, what)
         problem = uri_problem(checked) if is_uri(checked) else path_problem(checked)
         if problem is not None:
-            raise self.refusal(_without_userinfo(text), what, why=problem)
+            # An `@` may end a secret anywhere before it (`s3://KEY:SE/CRET@bucket`): then nothing is shown.
+            raise self.refusal("<not shown: it holds `@`>" if "@" in text else text, what, why=problem)
         return parse_root(checked)
 
     @property
@@ -312,6 +304,58 @@ class Location(Setting[Root | None]):
     @property
     def allowed(self) -> str:
         return "an absolute path or `s3://BUCKET/PREFIX`"
+
+
+def split_locations(text: str) -> list[str]:
+    """`text`, a list of locations separated by `os.pathsep` (`:`), as its items. `s3://...` holds that separator
+    itself, so an item `s3` followed by an item starting `//` is one location again (`s3://BUCKET/PREFIX`); nothing
+    else is rejoined, so every other item is what it looks like (an absolute path is refused unless it starts with
+    `/`, a `gs://` or `s3:bucket` stays in pieces that are refused)."""
+    pieces = text.split(os.pathsep)
+    items: list[str] = []
+    k = 0
+    while k < len(pieces):
+        if pieces[k] == "s3" and k + 1 < len(pieces) and pieces[k + 1].startswith("//"):
+            items.append(f"s3:{pieces[k + 1]}")
+            k += 2
+        else:
+            items.append(pieces[k])
+            k += 1
+    return items
+
+
+@dataclass(frozen=True)
+class Locations(Setting[tuple[Root, ...]]):
+    """Locations (`Location`'s form: an absolute local folder or `s3://BUCKET/PREFIX`) separated by `os.pathsep`
+    (`:`), read by `split_locations`; () when unset."""
+
+    default: str = ""
+
+    def default_value(self) -> tuple[Root, ...]:
+        return ()
+
+    def parse(self, text: str, what: str | None = None) -> tuple[Root, ...]:
+        self.checked(text, what)
+        if "@" in text:
+            # Before splitting: a secret may hold `:` and `/` (`s3://KEY:SE/CRET@bucket`), and no piece is shown.
+            raise self.refusal("<not shown: it holds `@`>", what, why=(
+                "it carries credentials: credentials come from the standard AWS settings (AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the default credential chain), never from a location"))
+        roots = []
+        for item in split_locations(text):
+            problem = _form_problem(item) or (uri_problem(item) if is_uri(item) else path_problem(item))
+            if problem is not None:
+                raise self.refusal(text, what, why=f"item {_shown(item)}: {problem}" if item else "an empty item")
+            roots.append(parse_root(item))
+        return tuple(roots)
+
+    @property
+    def shown_default(self) -> str:
+        return self.default
+
+    @property
+    def allowed(self) -> str:
+        return "absolute paths or `s3://BUCKET/PREFIX` locations separated by `os.pathsep` (`:`)"
 
 
 @dataclass(frozen=True)
@@ -425,18 +469,16 @@ PG_BIN = _declare(Folder(
     "IOX_PG_BIN",
     "the folder of the local Postgres' `initdb` and `pg_ctl`",
     "`/usr/lib/postgresql/{15,16,17}/bin`, then `PATH`"))
-OUTPUT_ROOT = _declare(Folder(
+OUTPUT_ROOT = _declare(Location(
     "IOX_OUTPUT_ROOT",
-    "where triggered and materialized runs' relative output paths go; an output root",
-    "`output/` in the project",
-    storage=True))
-OUTPUT_ROOTS = _declare(Listed(
+    "where triggered and materialized runs' relative output paths go; an output root: a local folder, or "
+    "`s3://BUCKET/PREFIX` on an S3-compatible store (as IOX_WAREHOUSE)",
+    "`output/` in the project"))
+OUTPUT_ROOTS = _declare(Locations(
     "IOX_OUTPUT_ROOTS",
-    "every folder runs may write under; the first takes relative paths unless IOX_OUTPUT_ROOT is set",
-    "`IOX_OUTPUT_ROOT`",
-    os.pathsep,
-    "absolute paths",
-    storage=True))
+    "every output root runs (and `query --output s3://...`) may write under; the first takes relative paths "
+    "unless IOX_OUTPUT_ROOT is set",
+    "`IOX_OUTPUT_ROOT`"))
 MATERIALIZED_DIR = _declare(Folder(
     "IOX_MATERIALIZED_DIR",
     "the folder of materialized query definitions (`*.yaml`)",

@@ -12,7 +12,8 @@ with None. Names in use: `write.before_commit`, `write.chunk_put` (after each ch
 `bulk.before_commit` (`ingest/bulk.py`), `compact.before_swap` and `compact.before_commit`
 (`maintenance/compact/`), `publish.before_write` (the output's folder is checked and held open,
 its private staging folder made: the writer, Spark or the commit step, is about to fill it), `publish.before_rename`,
-`publish.after_rename`, `publish.old_moved_aside`, and in the runs' commit step (`runs/commit.py`)
+`publish.after_rename`, `publish.old_moved_aside`, on an object store (`output/store.py`) `publish.store_before_put`
+(a text result's one request), `publish.store_before_manifest` and `publish.store_after_manifest`, and in the runs' commit step (`runs/commit.py`)
 `commit.start`, `commit.before_commit`, `commit.after_commit`."""
 
 from __future__ import annotations

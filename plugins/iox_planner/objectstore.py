@@ -53,6 +53,12 @@ def uri_problem(text: str) -> str | None:
         return (f"`{scheme[:16]}:` is not a store iox-batch reads: give an absolute local folder or "
                 "s3://BUCKET/PREFIX on an S3-compatible store (endpoint, region and credentials from the standard "
                 "AWS_* settings)")
+    # Before anything reads the authority: `s3://KEY:SE/CRET@bucket` has its `@` past the first `/`, and urlsplit
+    # would take `KEY:SE` for a host and port (and fail on the port).
+    if "@" in text:
+        return ("it carries credentials: a URI is shown in logs, plans and run records, so credentials come from "
+                "the standard AWS settings (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the "
+                "default credential chain) and never from the URI")
     parts = urlsplit(text)
     if "@" in parts.netloc or parts.username is not None or parts.password is not None:
         return ("it carries credentials: a URI is shown in logs, plans and run records, so credentials come from "
@@ -60,7 +66,7 @@ def uri_problem(text: str) -> str | None:
                 "default credential chain) and never from the URI")
     if parts.query or parts.fragment or "?" in text or "#" in text:
         return "it has a query or a fragment (`?`, `#`): give s3://BUCKET/PREFIX alone"
-    if parts.port is not None or ":" in parts.netloc:
+    if ":" in parts.netloc:
         return "it names a port: the endpoint comes from AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3), not the URI"
     if not _BUCKET.fullmatch(parts.netloc) or ".." in parts.netloc:
         return f"{parts.netloc[:70]!r} is not an S3 bucket name (3-63 of a-z, 0-9, `.`, `-`)"
@@ -244,7 +250,9 @@ def parse_root(text: str, *, what: str = "the location") -> Root:
     if is_uri(text):
         problem = uri_problem(text)
         if problem is not None:
-            raise BadInputError(f"{what} {hide_credentials(text)[:120]!r} is refused: {problem}")
+            # A URI with an `@` may hold a secret anywhere before it: then it is not repeated, not even in part.
+            shown = "(not shown: it holds `@`)" if "@" in text else repr(hide_credentials(text)[:120])
+            raise BadInputError(f"{what} {shown} is refused: {problem}")
         bucket_and_prefix = text[len(S3):].strip("/")
         return Root(S3 + bucket_and_prefix)
     if not text.startswith("/"):
@@ -289,8 +297,11 @@ def _s3_fs(endpoint: str | None, region: str | None) -> "pafs.FileSystem":
     changes them gets a new one; credentials are never arguments, so a pickled filesystem carries none."""
     import pyarrow.fs as pafs
 
+    # allow_delayed_open: an output stream opens nothing until it is written or closed, so an object smaller than
+    # a part is ONE PutObject at close (measured: without it, even a 5-byte object is a create, a part and a
+    # complete of a multipart upload); failures then surface at close, inside the same `store_errors` block.
     options: dict[str, object] = {"allow_bucket_creation": False, "allow_bucket_deletion": False,
-                                  "check_directory_existence_before_creation": True}
+                                  "check_directory_existence_before_creation": True, "allow_delayed_open": True}
     if region:
         options["region"] = region
     if endpoint:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from iox_planner.errors import RunFailed
-from iox_planner.output import OutputFormat
+from iox_planner.output import OutputFormat, destination_of
 from iox_planner.runs.commit import commit
 from iox_planner.runs.request import QueryRequest, RegisterAs
 from iox_planner.runs.staging import RunIdentity
@@ -19,7 +18,8 @@ from iox_planner.runs.staging import RunIdentity
 def main() -> int:
     spec = json.loads(sys.argv[1])
     r = spec["request"]
-    request = QueryRequest(db=r["db"], sql=r["sql"], output=Path(r["output"]), format=OutputFormat(r["format"]),
+    request = QueryRequest(db=r["db"], sql=r["sql"], output=destination_of(r["output"]),
+                           format=OutputFormat(r["format"]),
                            time_start=r["time_start"], time_end=r["time_end"], definition=r["definition"],
                            register_as=(RegisterAs(r["register_table"], tuple(r["register_tags"]))
                                         if r.get("register_table") else None))

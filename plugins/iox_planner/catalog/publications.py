@@ -34,15 +34,15 @@ class CatalogLedger:
             self._catalog.require_schema()
         return self._catalog.engine
 
-    def latest(self, path: Path) -> Publication | None:
-        """The newest record of `path` (a resolved, absolute path), if any."""
+    def latest(self, path: Path | str) -> Publication | None:
+        """The newest record of `path` (a resolved, absolute path, or an `s3://` URI), if any."""
         t = output_publications
         with self._engine().connect() as conn:
             row = conn.execute(sa.select(t.c.path, t.c.kind, t.c.fingerprint, t.c.run)
                                .where(t.c.path == str(path)).order_by(t.c.id.desc()).limit(1)).first()
         return None if row is None else Publication(row.path, row.kind, row.fingerprint, row.run)
 
-    def recent(self, path: Path, count: int) -> list[Publication]:
+    def recent(self, path: Path | str, count: int) -> list[Publication]:
         """The `count` newest records of `path`, newest first."""
         t = output_publications
         with self._engine().connect() as conn:

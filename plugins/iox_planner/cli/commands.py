@@ -98,7 +98,7 @@ def query(args: argparse.Namespace, console: Any, err: Any) -> int:
     import sys
     from pathlib import Path
 
-    from iox_planner.output import OutputFormat
+    from iox_planner.output import OutputFormat, shown
     from iox_planner.cli.runner import run
     from iox_planner.spark.budget import query_timeout_s
 
@@ -121,7 +121,7 @@ def query(args: argparse.Namespace, console: Any, err: Any) -> int:
         rows = run(plan, fmt, output, sys.stdout, timeout_s=_left(timeout_s, started))
     if output is not None:
         what = f"{rows} rows" if rows >= 0 else "result"
-        console.print(f"{what} written to {output} ({fmt.value})")
+        console.print(f"{what} written to {shown(output)} ({fmt.value})")
     if plan.changes is not None:
         err.print(f"watermark: {plan.changes.watermark}")
     return 0

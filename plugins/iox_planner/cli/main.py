@@ -478,7 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sql(query)
     query.add_argument("--format", choices=["table", "csv", "jsonl", "parquet"], default="table")
     query.add_argument("--output", metavar="PATH",
-                       help="write here (a file for csv/jsonl, a folder for parquet) instead of standard output")
+                       help="write here (a file for csv/jsonl, a folder for parquet) instead of standard output; "
+                            "s3://BUCKET/KEY under an output root on a store (IOX_OUTPUT_ROOT, IOX_OUTPUT_ROOTS)")
     _dashed(query.add_argument("--changes-since", metavar="WATERMARK|beginning",
                        help="only the current rows of the keys written after this watermark (printed on standard "
                             "error by the previous changes read; `beginning` for every key)"))

@@ -15,7 +15,7 @@ from iox_planner.config import warehouse
 from iox_planner.objectstore import is_uri
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.lineprotocol import Precision
-from iox_planner.output import OutputFormat
+from iox_planner.output import Destination, OutputFormat
 from iox_planner.output.formats import finish_columns, print_table, write_text_output
 from iox_planner.planner.nodes import QueryPlan
 from iox_planner.planner.serde import plan_to_json
@@ -49,7 +49,7 @@ def check_printable(table: Any, max_rows: int, max_bytes: int) -> None:
                             "fewer or smaller values")
 
 
-def run(plan: QueryPlan, fmt: OutputFormat, output: Path | None, stdout: TextIO,
+def run(plan: QueryPlan, fmt: OutputFormat, output: Destination | None, stdout: TextIO,
         timeout_s: int | None = None, progress: Callable[[str], None] | None = None) -> int:
     """Run the plan within its wall-time budget (`timeout_s` seconds, else IOX_QUERY_TIMEOUT_S) as a `PlanJob`:
     written at `output`, or fetched back (cut at the print bound) and printed. Returns the rows written or

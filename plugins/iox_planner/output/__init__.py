@@ -7,6 +7,10 @@ heavy import, because the DAG files read it at parse time (a materialized defini
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
+from typing import Union
+
+from iox_planner.objectstore import Root, is_uri, parse_root
 
 
 class OutputFormat(str, Enum):
@@ -29,3 +33,18 @@ RUN_FORMATS = (OutputFormat.PARQUET, OutputFormat.CSV, OutputFormat.JSONL)
 """What an Airflow run or a materialized definition may write (PRODUCT.md: `table` is for terminals only)."""
 JOB_FORMATS = (OutputFormat.CSV, OutputFormat.JSONL, OutputFormat.PARQUET, OutputFormat.ARROW)
 """What a Spark job writes (`--format` of run_plan.py and run_parts.py): every format but the terminal's table."""
+
+
+Destination = Union[Path, Root]
+"""Where a result goes: a local path, or a key on an object store (a `Root` whose `uri` is `s3://BUCKET/KEY`)."""
+
+
+def destination_of(text: str) -> Destination:
+    """A destination as given (a job's `--output`, a recorded run's): an `s3://` URI as a store key (checked by
+    `objectstore.parse_root`), anything else as a local path. Where it may go is `publish`'s business."""
+    return parse_root(text, what="output") if is_uri(text) else Path(text)
+
+
+def shown(destination: Destination) -> str:
+    """The destination as text: the path, or the `s3://` URI (never a credential: URIs carry none)."""
+    return destination.uri if isinstance(destination, Root) else str(destination)

@@ -6,14 +6,15 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import decimal
+import io
 import json
-from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
 import pyarrow as pa
 
 from iox_planner.errors import BadInputError
-from iox_planner.output import OutputFormat
+from iox_planner.objectstore import Root
+from iox_planner.output import Destination, OutputFormat, shown
 from iox_planner.output.publish import staged_file
 from iox_planner.model import NS_PREFIX
 from iox_planner.timeutil import format_time
@@ -162,11 +163,20 @@ def print_table(table: pa.Table, ns_cols: set[str], stdout: TextIO) -> None:
     console(stdout).print(render_table(table, ns_cols))
 
 
-def write_text_output(table: pa.Table, ns_cols: set[str], fmt: OutputFormat, path: Path | None,
+def write_text_output(table: pa.Table, ns_cols: set[str], fmt: OutputFormat, path: Destination | None,
                       stdout: TextIO) -> None:
+    """The result as csv or jsonl on `stdout`, in a local file (written aside, published), or as one object on a
+    store (rendered here, then put in one request: text results are driver-sized already)."""
     writer = write_csv if fmt is OutputFormat.CSV else write_jsonl
     if path is None:
         writer(table, ns_cols, stdout)
+        return
+    if isinstance(path, Root):
+        from iox_planner.output.store import publish_file
+
+        text = io.StringIO(newline="")
+        writer(table, ns_cols, text)
+        publish_file(path, text.getvalue().encode("utf-8"))
         return
     with staged_file(path) as tmp:
         with open(tmp, "w", encoding="utf-8", newline="") as fh:
@@ -186,6 +196,6 @@ def arrow_for_parquet(table: pa.Table, ns_cols: set[str]) -> pa.Table:
     return table
 
 
-def describe(path: Path | None) -> str:
-    return "standard output" if path is None else str(path)
+def describe(path: Destination | None) -> str:
+    return "standard output" if path is None else shown(path)
 

@@ -7,7 +7,6 @@ installation) is decided here too."""
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import fcntl
 import hashlib
 import os
@@ -20,6 +19,13 @@ from typing import Any, Iterator
 
 from iox_planner.errors import BadInputError
 from iox_planner.faults import kill_point
+from iox_planner.objectstore import Root, is_uri
+from iox_planner.output import Destination
+# The ledger of publications (the catalog's, or a block's own) is ledger.py's, shared with output/store.py; its
+# context variable and `publishing_as` are named here too, where callers and tests have always found them.
+from iox_planner.output.ledger import _LEDGER as _LEDGER
+from iox_planner.output.ledger import ledger, publication, recent_publications
+from iox_planner.output.ledger import publishing_as as publishing_as
 
 # # A path is replaced only when the thing at it still matches the catalog's newest record of what iox-batch
 # published there (publications.py). A marker file proved nothing: a query's output, or anyone, could plant one.
@@ -28,58 +34,18 @@ from iox_planner.faults import kill_point
 # only, so it costs nothing like hashing; ctime cannot be set from user space, so any rewrite in place is seen even
 # when size and mtime are restored; a copy or restore gets new inodes and is no longer "ours" (the safe direction).
 
-_RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar("iox_publishing_run", default=None)
-_LEDGER: contextvars.ContextVar[Any] = contextvars.ContextVar("iox_publication_ledger", default=None)
-
-
-@contextlib.contextmanager
-def publishing_as(run: str, ledger: Any = None) -> Iterator[None]:
-    """Record publications inside the block as made by `run` (an Airflow run names itself), optionally in
-    another ledger than the catalog's."""
-    run_token = _RUN.set(run)
-    ledger_token = _LEDGER.set(ledger) if ledger is not None else None
-    try:
-        yield
-    finally:
-        _RUN.reset(run_token)
-        if ledger_token is not None:
-            _LEDGER.reset(ledger_token)
-
-
-def _ledger() -> Any:
-    ledger = _LEDGER.get()
-    if ledger is None:
-        from iox_planner.catalog.publications import CatalogLedger
-
-        ledger = CatalogLedger()
-        _LEDGER.set(ledger)
-    return ledger
-
-
-def _run_label() -> str:
-    run = _RUN.get()
-    if run:
-        return run
-    import getpass
-    import socket
-
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = f"uid {os.getuid()}"
-    return f"{user}@{socket.gethostname()} pid {os.getpid()}"
-
-
 def forbidden_places() -> list[tuple[Path, str]]:
     """Where no output may go (nor contain): the warehouse, the project checkout (but its `output/`), the Python
     installation and its packages, the Spark and Java homes."""
     import site
     import sys
 
-    from iox_planner.config import project_root, warehouse
+    from iox_planner.config import project_root, warehouse_root
 
-    places: list[tuple[Path, str]] = [(warehouse(), "the warehouse (IOX_WAREHOUSE)"),
-                                      (project_root(), "the iox-batch project folder")]
+    places: list[tuple[Path, str]] = [(project_root(), "the iox-batch project folder")]
+    warehouse = warehouse_root()
+    if warehouse.is_local:  # a warehouse on a store is kept from store outputs by output/store.py
+        places.append((warehouse.local_path, "the warehouse (IOX_WAREHOUSE)"))
     for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
         places.append((Path(prefix), "the Python installation (sys.prefix)"))
     try:
@@ -312,9 +278,18 @@ def fingerprint_at(dir_fd: int, name: str) -> str:
     return f"other:{stat.S_IFMT(st.st_mode)}:{st.st_ino}:{st.st_ctime_ns}"
 
 
-def check_destination(path: Path | str, *, folder: bool) -> Path:
+def check_destination(path: Path | str, *, folder: bool) -> Destination:
     """`path` must be free, or exactly what iox-batch published there (the catalog's record matches it).
-    Anything else is an error, never deleted. Returns the checked absolute path."""
+    Anything else is an error, never deleted. Returns the checked absolute path, or the checked store key for an
+    `s3://` output (output/store.py: under an output root on a store)."""
+    if isinstance(path, str) and is_uri(path):
+        from iox_planner.output.store import check_store_destination
+
+        return check_store_destination(path, folder=folder)
+    if isinstance(path, Root):
+        from iox_planner.output.store import check_store_destination
+
+        return check_store_destination(path.uri, folder=folder)
     target = safe_output_path(path)
     with PinnedFolder(target.parent) as parent:
         _check_at(parent, target, folder=folder)
@@ -336,7 +311,7 @@ def _check_at(parent: PinnedFolder, target: Path, *, folder: bool) -> None:
     if not folder and stat.S_ISDIR(st.st_mode):
         raise BadInputError(f"cannot write a file at {_short(str(target))}: a folder is there; remove it or choose "
                             "another path")
-    records = [r for r in _recent(target) if r.kind == want]
+    records = [r for r in recent_publications(target) if r.kind == want]
     if not records:
         raise BadInputError(f"{_short(str(target))} exists and was not written by iox-batch, so it is not replaced; "
                             "remove it or choose another path")
@@ -346,14 +321,6 @@ def _check_at(parent: PinnedFolder, target: Path, *, folder: bool) -> None:
     if fingerprint_at(parent.fd, target.name) not in {r.fingerprint for r in records}:
         raise BadInputError(f"{_short(str(target))} was written by iox-batch but changed since (by someone else), so "
                             "it is not replaced; remove it or choose another path")
-
-
-def _recent(target: Path) -> list[Any]:
-    ledger = _ledger()
-    if hasattr(ledger, "recent"):
-        return list(ledger.recent(target, 2))
-    latest = ledger.latest(target)
-    return [] if latest is None else [latest]
 
 
 def _temp_name(name: str, suffix: str, token: str | None = None) -> str:
@@ -475,15 +442,15 @@ class Stage:
         # Recorded BEFORE the rename: a run killed right after the rename is still recognised as ours by its rerun.
         # Killed between the two, the record vouches for a fingerprint nothing at the path has (harmless: it can
         # only match these same bytes, or this folder's very inodes).
-        ledger = _ledger()
-        record = ledger.record(_publication(self.target, kind, published))
+        books = ledger()
+        record = books.record(publication(str(self.target), kind, published))
         try:
             kill_point("publish.before_rename")
             self.parent.require_in_place(self.target)
             self._rename_into_place()
         except BaseException:
             with contextlib.suppress(Exception):  # a catalog gone meanwhile keeps a record that matches nothing
-                ledger.withdraw(record)
+                books.withdraw(record)
             raise
         kill_point("publish.after_rename")
 
@@ -557,9 +524,3 @@ def staged_file(path: Path | str) -> Iterator[Path]:
     succeeds, and recorded in the catalog."""
     with staged(path, folder=False) as stage:
         yield stage.result
-
-
-def _publication(target: Path, kind: str, fp: str) -> Any:
-    from iox_planner.catalog.publications import Publication
-
-    return Publication(str(target), kind, fp, _run_label())

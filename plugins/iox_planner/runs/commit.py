@@ -4,6 +4,7 @@ checks the lock is still the run's. Any failure: the run is recorded failed (fai
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -14,14 +15,15 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from iox_planner.errors import BadInputError
 from iox_planner.faults import kill_point
-from iox_planner.output import OutputFormat
+from iox_planner.objectstore import Root
+from iox_planner.output import Destination, OutputFormat, shown
 from iox_planner.timeutil import format_time
 
 from iox_planner.runs.failure import fail_run
 from iox_planner.runs.planning import spark_format
 from iox_planner.runs.request import QueryRequest
 from iox_planner.runs.settings import RunSettings
-from iox_planner.runs.staging import RunFiles, RunIdentity, Staging
+from iox_planner.runs.staging import RunFiles, RunIdentity, Staging, staging_anchor
 
 if TYPE_CHECKING:
     from iox_planner.output.publish import PinnedFolder
@@ -61,11 +63,12 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
                 # transaction committed, before removing the staging folder): finish the tidying, change nothing else.
                 # Going on would find the lock released and mark a succeeded run failed.
                 staging.remove()
-                return CommitOutcome(run_pk, str(request.output), int(done["row_count"] or 0), None)
+                return CommitOutcome(run_pk, shown(request.output), int(done["row_count"] or 0), None)
             fmt = spark_format(request)
             # Again at publication: a folder under the root swapped for a symlink since planning must not lead out.
             output = request.check_output(RunSettings.from_env())
-            with PinnedFolder(output.parent) as folder:
+            # A key on a store has no folder: its run's staging folder lies in the project (staging.py).
+            with PinnedFolder(staging_anchor(output).parent) as folder:
                 files = RunFiles(folder, staging)
                 try:
                     if files.lstat(staging.metrics.name) is None:
@@ -98,7 +101,7 @@ def commit(request: QueryRequest, run: RunIdentity, handle: Mapping[str, Any]) -
                     raise
                 finally:
                     files.close()
-            return CommitOutcome(run_pk, str(request.output), rows, registered)
+            return CommitOutcome(run_pk, shown(request.output), rows, registered)
         except BaseException as err:
             fail_run(err, "publishing", catalog, run_pk, key, run, staging)
 
@@ -115,7 +118,7 @@ def _record_reads(conn: Any, request: QueryRequest, files: RunFiles, run_pk: int
     record_reads(conn, request.definition, (request.time_start, request.time_end), reads, run_pk)
 
 
-def _publish(files: RunFiles, name: str, output: Path, folder: PinnedFolder, fmt: OutputFormat) -> None:
+def _publish(files: RunFiles, name: str, output: Destination, folder: PinnedFolder, fmt: OutputFormat) -> None:
     """Publish the staged result over the output: a rename on the same filesystem, by output/publish.py's rules
     (the catalog's publication record, not a marker). What is renamed is a hard link of the staged file, or a
     copy of the staged folder, not the staged result itself: a commit killed after the rename but before its
@@ -129,6 +132,9 @@ def _publish(files: RunFiles, name: str, output: Path, folder: PinnedFolder, fmt
     st = files.lstat(name)
     if st is None or not (stat.S_ISDIR(st.st_mode) if fmt.is_folder else stat.S_ISREG(st.st_mode)):
         raise BadInputError(f"the staged result {files.where / name} is missing; the Spark job did not write it")
+    if isinstance(output, Root):
+        _publish_to_store(files, name, output, fmt)
+        return
     with staged(output, folder=fmt.is_folder, parent=folder) as stage:
         if fmt.is_folder:
             shutil.copytree(fd_path(files.fd, name), stage.result, symlinks=True)
@@ -136,7 +142,41 @@ def _publish(files: RunFiles, name: str, output: Path, folder: PinnedFolder, fmt
             os.link(name, RESULT, src_dir_fd=files.fd, dst_dir_fd=stage.fd, follow_symlinks=False)
 
 
-def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, output: Path, folder: PinnedFolder,
+def _publish_to_store(files: RunFiles, name: str, output: Root, fmt: OutputFormat) -> None:
+    """Publish the staged result (left where it is, for a retried commit) as a key on a store, by
+    output/store.py's rules: a file as one object in one request; a folder's Parquet files copied under a fresh
+    prefix, then its manifest."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from iox_planner.objectstore import local_root, store_errors
+    from iox_planner.output.publish import fd_path
+    from iox_planner.output.store import publish_file, staged_folder
+
+    if not fmt.is_folder:
+        fd = files.open(name)
+        with os.fdopen(fd, "rb") as fh:
+            publish_file(output, fh.read())
+        return
+    folder = files.open_folder(name)
+    try:
+        parts = sorted(e for e in os.listdir(folder) if e.endswith(".parquet") and not e.startswith((".", "_")))
+        local = local_root(Path("/")).filesystem()
+        with staged_folder(output) as stage:
+            for index, part in enumerate(parts):
+                source = fd_path(folder, part)
+                if not stat.S_ISREG(os.stat(part, dir_fd=folder, follow_symlinks=False).st_mode):
+                    raise BadInputError(f"the staged result {files.where / name} holds {part!r}, not a file")
+                rel = stage.part_rel(index)
+                with store_errors(output, "write", rel):
+                    pafs.copy_files(source, output.path(rel), source_filesystem=local,
+                                    destination_filesystem=output.filesystem())
+                stage.add(rel, os.stat(part, dir_fd=folder).st_size, pq.read_metadata(source).num_rows)
+    finally:
+        os.close(folder)
+
+
+def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, output: Destination, folder: PinnedFolder,
                         files: RunFiles, name: str) -> tuple[int, dict[str, Any]]:
     """Register the rows as the catalog table (replacing the interval) and write the requested format."""
     import pyarrow as pa
@@ -146,6 +186,7 @@ def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, output: 
     from iox_planner.config import warehouse_root
     from iox_planner.output.publish import fd_path, staged
     from iox_planner.output.formats import arrow_for_parquet, finish_columns, write_text_output
+    from iox_planner.output.store import staged_folder
 
     assert request.register_as is not None and request.time_start is not None and request.time_end is not None
     fd = files.open(name)
@@ -163,7 +204,13 @@ def _publish_from_arrow(catalog: Any, conn: Any, request: QueryRequest, output: 
         result = register.register_interval(catalog, db, target.table, table, tags=target.tags,
                                        interval=(request.time_start, request.time_end), conn=conn,
                                        warehouse=root, written=written, owner=request.definition)
-        if request.format is OutputFormat.PARQUET:
+        if isinstance(output, Root):
+            if request.format is OutputFormat.PARQUET:
+                with staged_folder(output) as store_stage:
+                    store_stage.put_table(arrow_for_parquet(table, ns_cols))
+            else:
+                write_text_output(table, ns_cols, request.format, output, io.StringIO())
+        elif request.format is OutputFormat.PARQUET:
             with staged(output, folder=True, parent=folder) as stage:
                 stage.result.mkdir()
                 pq.write_table(arrow_for_parquet(table, ns_cols), stage.result / "part-00000.parquet")

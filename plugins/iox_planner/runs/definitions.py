@@ -42,7 +42,8 @@ from iox_planner import config
 from iox_planner.config import SCHEDULE_PRESETS, schedule_problem
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.scenario import read_yaml
-from iox_planner.output import OutputFormat
+from iox_planner.objectstore import Root
+from iox_planner.output import Destination, OutputFormat
 from iox_planner.spark.budget import query_timeout_s
 from iox_planner.timeutil import check_time, parse_time
 
@@ -101,19 +102,25 @@ class MaterializedQuery:
         each interval is [tick, next tick), as Airflow's cron data interval timetable makes them."""
         return _ticks(self.cron, self.start_date)
 
-    def output_path(self, start: dt.datetime, end: dt.datetime, settings: RunSettings) -> Path:
+    def output_path(self, start: dt.datetime, end: dt.datetime, settings: RunSettings) -> Destination:
         """The output of the interval [start, end)."""
         return settings.resolve_output(self.output.format_map({"start": _utc(start), "end": _utc(end),
                                                                "name": self.name}))
 
-    def output_pattern(self, settings: RunSettings) -> Path:
-        """Every interval's output: the template with its fields as `*` (the Asset's URI)."""
+    def output_pattern(self, settings: RunSettings) -> Path | str:
+        """Every interval's output: the template with its fields as `*` (the Asset's URI): a path, or under an
+        output root on a store its `s3://` text (a pattern, which no key check would take)."""
         parts = []
         for literal, name, _, _ in string.Formatter().parse(self.output):
             parts.append(literal)
             if name is not None:
                 parts.append("*")
-        return settings.resolve_output("".join(parts))
+        pattern = "".join(parts)
+        if isinstance(settings.output_root, Root) and not pattern.startswith("/"):
+            return f"{settings.output_root.uri}/{pattern}"
+        local = settings.resolve_output(pattern)
+        assert isinstance(local, Path)  # an absolute template is refused, so this lies under a local root
+        return local
 
     def request(self, start: dt.datetime, end: dt.datetime, settings: RunSettings) -> QueryRequest:
         """What the run of the interval [start, end) computes: the query over exactly that time range."""

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from iox_planner.errors import BadInputError
-from iox_planner.output import OutputFormat
+from iox_planner.objectstore import Root
+from iox_planner.output import OutputFormat, shown
 from iox_planner.spark.jobs import JobSpec, MergeJob, PartJob, PlanJob
 
 from iox_planner.runs.failure import fail_run
 from iox_planner.runs.request import QueryRequest
 from iox_planner.runs.settings import RunSettings
-from iox_planner.runs.staging import RunIdentity, Staging, remove_dead_stagings
+from iox_planner.runs.staging import RunIdentity, Staging, remove_dead_stagings, staging_anchor
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ def plan(request: QueryRequest, run: RunIdentity, settings: RunSettings,
     from iox_planner.catalog import runs
     from iox_planner.catalog.store import open_catalog
     from iox_planner.output.publish import check_destination
+    from iox_planner.output.store import check_store_at
     from iox_planner.planner import serde
 
     with open_catalog() as catalog:
@@ -57,18 +59,23 @@ def plan(request: QueryRequest, run: RunIdentity, settings: RunSettings,
         run_pk = runs.start_run(
             catalog, database=request.db, params=request.as_params(), dag_id=run.dag_id, run_id=run.run_id,
             definition=request.definition, interval=(request.time_start, request.time_end),
-            output=str(request.output),
+            output=shown(request.output),
         )
         key = request.lock_key()
         created: list[Path] = []
         try:
             source, changes, query_plan = checked_plan(catalog, request, settings)
-            if request.definition is not None or settings.root_of(request.output) is not None:
+            if (isinstance(request.output, Root) or request.definition is not None
+                    or settings.root_of(request.output) is not None):
                 # A materialization owns its output tree (interval folders appear), and IOX_OUTPUT_ROOT is ours;
                 # anywhere else the folder must exist, as for `iox-batch query --output`. Made only once the
-                # query planned, and removed again if the run fails here: a refused run leaves nothing.
-                created = make_folders(request.output.parent)
-            check_destination(request.output, folder=request.format.is_folder)
+                # query planned, and removed again if the run fails here: a refused run leaves nothing. (A key on
+                # a store has no folder: its staging's, in the project, is made.)
+                created = make_folders(staging_anchor(request.output).parent)
+            if isinstance(request.output, Root):
+                check_store_at(request.output, folder=request.format.is_folder)
+            else:
+                check_destination(request.output, folder=request.format.is_folder)
             runs.acquire_lock(catalog, key, run.holder, query_run=run_pk, ttl_seconds=settings.run_lock_ttl_s,
                               holder_state=holder_state)
             remove_dead_stagings(request.output, staging)

@@ -7,12 +7,13 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
 from iox_planner.model import RunKey
-from iox_planner.output import RUN_FORMATS, OutputFormat
+from iox_planner.objectstore import Root
+from iox_planner.output import RUN_FORMATS, Destination, OutputFormat, shown
 from iox_planner.spark.budget import query_timeout_s
 from iox_planner.timeutil import INT64_MAX, INT64_MIN, check_range, format_time, parse_range
 
@@ -64,7 +65,8 @@ class RegisterAs:
 class QueryRequest:
     db: str
     sql: str
-    output: Path
+    output: Destination
+    """A local path, or a key on a store (`Root`, `s3://BUCKET/KEY`) under an output root there."""
     format: OutputFormat = OutputFormat.PARQUET
     args: Mapping[str, Any] = field(default_factory=dict)
     time_start: int | None = None
@@ -85,7 +87,7 @@ class QueryRequest:
             object.__setattr__(self, "timeout_s", query_timeout_s(self.timeout_s, "timeout_s"))
         if not isinstance(self.sql, str) or not self.sql.strip():
             raise BadInputError("sql is empty; give the SELECT to run")
-        if not self.output.is_absolute():
+        if isinstance(self.output, Path) and not self.output.is_absolute():
             raise BadInputError(f"output {_short(self.output)} must be an absolute path")
         check_range(self.time_start, self.time_end)
         check_args(self.args)
@@ -137,37 +139,56 @@ class QueryRequest:
         request.check_output(settings)
         return request
 
-    def check_output(self, settings: RunSettings) -> Path:
-        """An Airflow run writes only under the output roots (resolved: symlinks and `..` cannot lead out), with
-        names from `OUTPUT_NAME` and the format's suffix. Returns the resolved output."""
+    def check_output(self, settings: RunSettings) -> Destination:
+        """An Airflow run writes only under the output roots (resolved: symlinks and `..` cannot lead out; a key on
+        a store only under a root on a store, output/store.py's checks too), with names from `OUTPUT_NAME` and the
+        format's suffix. Returns the resolved output."""
+        if isinstance(self.output, Root):
+            return self._check_store_output(settings)
         resolved = self.output.resolve()
         root = settings.root_of(resolved)
         if root is None:
-            roots = ", ".join(str(r) for r in settings.output_roots)
+            roots = ", ".join(shown(r) for r in settings.output_roots)
             raise BadInputError(
                 f"output {_short(self.output)} resolves to {_short(resolved)}, outside the output roots ({roots}); "
                 "a run writes only under IOX_OUTPUT_ROOT (or IOX_OUTPUT_ROOTS): give a path inside one"
             )
-        for part in resolved.relative_to(root).parts:
+        assert isinstance(root, Path)
+        self._check_names(resolved, resolved.relative_to(root).parts, "".join(resolved.suffixes[-1:]))
+        return resolved
+
+    def _check_store_output(self, settings: RunSettings) -> Root:
+        from iox_planner.output.store import store_target
+
+        assert isinstance(self.output, Root)
+        roots = [r for r in settings.output_roots if isinstance(r, Root)]
+        target = store_target(self.output.uri, roots)
+        root = settings.root_of(target)
+        assert isinstance(root, Root)
+        names = target.uri[len(root.uri) + 1:].split("/")
+        last = names[-1]
+        self._check_names(target.uri, names, last[last.rfind("."):] if "." in last else "")
+        return target
+
+    def _check_names(self, resolved: object, parts: Sequence[str], suffix: str) -> None:
+        for part in parts:
             if not OUTPUT_NAME.fullmatch(part):
                 raise BadInputError(
                     f"output {_short(resolved)}: the name {_short(part)} is not allowed; names start with a letter, "
                     "digit or '_' and hold letters, digits and _ . , = + @ : - (no leading dot, no spaces)"
                 )
-        suffix = "".join(resolved.suffixes[-1:])
         allowed = OUTPUT_SUFFIXES[self.format]
         if suffix not in allowed:
-            shown = " or ".join(f"'{s}'" if s else "no extension" for s in allowed)
-            raise BadInputError(f"output {_short(resolved)}: a {self.format.value} output must end in {shown} "
+            endings = " or ".join(f"'{s}'" if s else "no extension" for s in allowed)
+            raise BadInputError(f"output {_short(resolved)}: a {self.format.value} output must end in {endings} "
                                 f"(it ends in {suffix!r}); rename it")
-        return resolved
 
     def lock_key(self) -> RunKey:
         """Materialized runs lock (definition, interval); triggered runs lock their output path, so two runs
         never publish one output at once."""
         if self.definition is not None and self.time_start is not None and self.time_end is not None:
             return RunKey(self.definition, self.time_start, self.time_end)
-        return RunKey(f"output:{self.output}", INT64_MIN, INT64_MAX)
+        return RunKey(f"output:{shown(self.output)}", INT64_MIN, INT64_MAX)
 
     def as_params(self) -> dict[str, Any]:
         """The request as recorded in the query run (times as RFC 3339)."""
@@ -175,7 +196,7 @@ class QueryRequest:
             "db": self.db, "sql": self.sql, "args": dict(self.args),
             "time_start": format_time(self.time_start) if self.time_start is not None else None,
             "time_end": format_time(self.time_end) if self.time_end is not None else None,
-            "output": str(self.output), "format": self.format.value,
+            "output": shown(self.output), "format": self.format.value,
         }
         if self.register_as is not None:
             out["register_as"] = {"db": self.register_as.db or self.db, "table": self.register_as.table,
@@ -193,5 +214,5 @@ class QueryRequest:
 
 
 def _short(value: object, size: int = 120) -> str:
-    text = repr(str(value))[1:-1]
+    text = repr(value.uri if isinstance(value, Root) else str(value))[1:-1]
     return text if len(text) <= size else text[: size - 3] + "..."

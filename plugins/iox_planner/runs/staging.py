@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from iox_planner.errors import BadInputError
-from iox_planner.output import OutputFormat
+from iox_planner.output import Destination, OutputFormat
 
 if TYPE_CHECKING:
     from iox_planner.output.publish import PinnedFolder
@@ -40,9 +40,10 @@ class Staging:
     root: Path
 
     @staticmethod
-    def for_run(output: Path, run: RunIdentity) -> Staging:
+    def for_run(output: Destination, run: RunIdentity) -> Staging:
         digest = hashlib.sha1(f"{run.dag_id}\0{run.run_id}".encode()).hexdigest()[:16]
-        return Staging(output.parent / f".{output.name}.iox-run-{digest}")
+        anchor = staging_anchor(output)
+        return Staging(anchor.parent / f".{anchor.name}.iox-run-{digest}")
 
     @property
     def plan_file(self) -> Path:
@@ -88,13 +89,27 @@ class Staging:
 _STAGING_NAME = re.compile(r"\.iox-run-[0-9a-f]{16}")
 
 
-def remove_dead_stagings(output: Path, ours: Staging) -> list[str]:
+def staging_anchor(output: Destination) -> Path:
+    """The local path a run's staging folder goes beside: the output itself, or for a key on a store (which has
+    no folder to stage in) `output/.store-runs/<hash of the key>/result` in the project (its `output/` is the one
+    folder of the project outputs may use), one folder per key, so the dead stagings of one output are still
+    found beside it."""
+    if isinstance(output, Path):
+        return output
+    from iox_planner.config import project_root
+
+    digest = hashlib.sha1(output.uri.encode()).hexdigest()[:16]
+    return project_root() / "output" / ".store-runs" / digest / "result"
+
+
+def remove_dead_stagings(output: Destination, ours: Staging) -> list[str]:
     """Other runs' staging folders beside `output`, removed. Called holding the output's run lock: a run writes
     its staging only while it holds that lock, and ours was free (or expired), so every other staging folder is a
     dead run's (a commit task killed, say) and nobody else would ever remove it."""
-    prefix = f".{output.name}"
+    anchor = staging_anchor(output)
+    prefix = f".{anchor.name}"
     removed = []
-    for entry in output.parent.iterdir():
+    for entry in anchor.parent.iterdir():
         rest = entry.name[len(prefix):]
         if (entry.name.startswith(prefix) and _STAGING_NAME.fullmatch(rest) and entry != ours.root
                 and entry.is_dir() and not entry.is_symlink()):
@@ -118,6 +133,14 @@ class RunFiles:
         """A descriptor of the file `name` in it (not a link), or a BadInputError naming what is missing."""
         try:
             return os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
+        except OSError:
+            raise BadInputError(f"the run's {name} is missing from {self.where}; the Spark job did not finish "
+                                "writing it") from None
+
+    def open_folder(self, name: str) -> int:
+        """A descriptor of the folder `name` in it (not a link), or a BadInputError naming what is missing."""
+        try:
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.fd)
         except OSError:
             raise BadInputError(f"the run's {name} is missing from {self.where}; the Spark job did not finish "
                                 "writing it") from None

@@ -22,7 +22,7 @@ from iox_planner import config
 from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.lineprotocol.precision import Precision
-from iox_planner.output import JOB_FORMATS, OutputFormat
+from iox_planner.output import JOB_FORMATS, Destination, OutputFormat, destination_of, shown
 from iox_planner.spark.budget import TIMEOUT_ARG, query_timeout_s
 from iox_planner.spark.conf import jobs_dir
 
@@ -117,7 +117,8 @@ class PlanJob(_QueryJob):
     app: ClassVar[str] = "iox-batch run_plan"
 
     plan: Path
-    output: Path
+    output: Destination
+    """A local path, or a key on a store (`s3://`, text in argv: a URI never carries a credential)."""
     format: OutputFormat
     timeout_s: int
     warehouse: Path = field(default_factory=config.warehouse)
@@ -128,7 +129,7 @@ class PlanJob(_QueryJob):
 
     def args(self) -> list[str]:
         return ["--plan", str(self.plan), "--warehouse", str(self.warehouse), "--format", self.format.value,
-                "--output", str(self.output), *_opt("--report", self.report), TIMEOUT_ARG, str(self.timeout_s),
+                "--output", shown(self.output), *_opt("--report", self.report), TIMEOUT_ARG, str(self.timeout_s),
                 *_opt("--strategy", self.strategy), *_opt("--limit-rows", self.limit_rows)]
 
     @classmethod
@@ -142,7 +143,8 @@ class PlanJob(_QueryJob):
         limit = None if a.limit_rows is None else config.whole_number(a.limit_rows)
         if a.limit_rows is not None and not limit:
             raise BadInputError(f"{cls.script}: --limit-rows {a.limit_rows[:40]!r} is not a whole number above 0")
-        return PlanJob(Path(a.plan), Path(a.output), OutputFormat(a.format), query_timeout_s(a.timeout_s, TIMEOUT_ARG),
+        return PlanJob(Path(a.plan), destination_of(a.output), OutputFormat(a.format),
+                       query_timeout_s(a.timeout_s, TIMEOUT_ARG),
                        Path(a.warehouse), _path(a.report), a.strategy, limit)
 
 
