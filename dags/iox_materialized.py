@@ -23,8 +23,10 @@ SETTINGS = RunSettings.from_env()
 
 
 def output_asset(definition: MaterializedQuery, settings: RunSettings) -> Asset:
-    return Asset(name=f"iox_{definition.name}", uri=f"file://{definition.output_pattern(settings)}",
-                 group="iox-batch")
+    pattern = definition.output_pattern(settings)
+    # A local pattern is a path (a file:// asset); one under a store's output root is already an s3:// URI.
+    uri = pattern if isinstance(pattern, str) else f"file://{pattern}"
+    return Asset(name=f"iox_{definition.name}", uri=uri, group="iox-batch")
 
 
 def table_asset(definition: MaterializedQuery) -> Asset | None:
