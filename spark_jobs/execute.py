@@ -1,7 +1,8 @@
 """Execute an iox-batch plan on Spark.
 
-Scan trees become DataFrames: ParquetExec and RecordBatchesExec read exactly their files through Spark's Parquet
-reader (projection and predicate pushed into it), FilterExec and ProjectionExec map to `where`/`select`, sort
+Scan trees become DataFrames: ParquetExec and RecordBatchesExec read exactly their files, of a local warehouse
+through Spark's Parquet reader (projection and predicate pushed into it), of an object store through pyarrow's
+filesystem in Python workers (`store_read.py`: projection, row groups pruned by the time bounds), FilterExec and ProjectionExec map to `where`/`select`, sort
 nodes are a cost model Spark plans its own way, and every DeduplicateExec of a scan tree is evaluated by one
 aggregation over the union of their inputs: the planner only splits dedups where keys cannot collide, so one
 `groupBy` over all of them gives the same rows with one shuffle, and chunks outside any dedup never shuffle.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -141,7 +143,6 @@ class ScanBuilder:
         self.strategy = Strategy(strategy)
         self.analyze = analyze
         self.metrics: dict[int, NodeMetrics] = {}
-        self._parallelism: int | None = None
 
     def schema_for(self, names: Iterable[str]) -> T.StructType:
         # A column no scanned chunk has is NULL throughout; its type cannot matter beyond being nullable.
@@ -338,12 +339,16 @@ class ScanBuilder:
         return df.select(*[q(c) for c in projection])
 
     def parallelism(self) -> int:
-        """How many tasks the session runs at once (asked once per scan tree)."""
-        if self._parallelism is None:
+        """How many tasks the session runs at once, asked once per session (over Connect the asking is a job)."""
+        known = _PARALLELISM.get(self.spark)
+        if known is None:
             from spark_jobs.errors import default_parallelism
 
-            self._parallelism = default_parallelism(self.spark)
-        return self._parallelism
+            known = _PARALLELISM[self.spark] = default_parallelism(self.spark)
+        return known
+
+
+_PARALLELISM: "weakref.WeakKeyDictionary[SparkSession, int]" = weakref.WeakKeyDictionary()
 
 
 def _store_reader(root_uri: str, tasks: list[list[list[Any]]], columns: list[str], types: dict[str, str],
