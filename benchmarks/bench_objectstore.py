@@ -178,7 +178,8 @@ def main() -> None:
         }
         rounds, results = interleaved(variants, {}, args.repeat)
         same(results["store reader"], results["Spark reader"])
-        report.add_row("(a) scan, local disk", f"{args.rows:,}", "store reader", f"{median_of(rounds, 'store reader'):.2f}",
+        report.add_row("(a) scan, local disk", f"{args.rows:,}", "store reader",
+                       f"{median_of(rounds, 'store reader'):.2f}",
                        "Spark reader", f"{median_of(rounds, 'Spark reader'):.2f}",
                        f"{median_ratio(rounds, 'store reader', 'Spark reader'):.2f}x", "target <= 1.3x")
 
@@ -210,7 +211,8 @@ def main() -> None:
         same(results["s3 warehouse"], results["local warehouse"])
         on_s3 = median_of(rounds, "s3 warehouse")
         share = server_cpu["s3"] / (args.repeat + 1) / on_s3
-        report.add_row("(b) query, s3 vs local", f"{args.query_rows + late.num_rows:,}", "s3 warehouse", f"{on_s3:.2f}",
+        report.add_row("(b) query, s3 vs local", f"{args.query_rows + late.num_rows:,}", "s3 warehouse",
+                       f"{on_s3:.2f}",
                        "local warehouse", f"{median_of(rounds, 'local warehouse'):.2f}",
                        f"{median_ratio(rounds, 's3 warehouse', 'local warehouse'):.2f}x",
                        f"target <= 1.5x; S3 server CPU {server_cpu['s3'] / (args.repeat + 1):.2f} s a query "
@@ -221,7 +223,8 @@ def main() -> None:
                     "before": lambda: execute_before(spark, plan, local_path).result.collect()}
         rounds, results = interleaved(variants, {}, args.repeat)
         same(results["after"], results["before"])
-        report.add_row("(c) local warehouse", f"{args.query_rows + late.num_rows:,}", "after", f"{median_of(rounds, 'after'):.2f}",
+        report.add_row("(c) local warehouse", f"{args.query_rows + late.num_rows:,}", "after",
+                       f"{median_of(rounds, 'after'):.2f}",
                        "before", f"{median_of(rounds, 'before'):.2f}",
                        f"{median_ratio(rounds, 'after', 'before'):.2f}x", "target <= 1.0x (noise aside)")
         console.print(report)

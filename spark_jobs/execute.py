@@ -2,10 +2,11 @@
 
 Scan trees become DataFrames: ParquetExec and RecordBatchesExec read exactly their files, of a local warehouse
 through Spark's Parquet reader (projection and predicate pushed into it), of an object store through pyarrow's
-filesystem in Python workers (`store_read.py`: projection, row groups pruned by the time bounds), FilterExec and ProjectionExec map to `where`/`select`, sort
-nodes are a cost model Spark plans its own way, and every DeduplicateExec of a scan tree is evaluated by one
-aggregation over the union of their inputs: the planner only splits dedups where keys cannot collide, so one
-`groupBy` over all of them gives the same rows with one shuffle, and chunks outside any dedup never shuffle.
+filesystem in Python workers (`store_read.py`: projection, row groups pruned by the time bounds); FilterExec and
+ProjectionExec map to `where`/`select`, sort nodes are a cost model Spark plans its own way, and every
+DeduplicateExec of a scan tree is evaluated by one aggregation over the union of their inputs: the planner only
+splits dedups where keys cannot collide, so one `groupBy` over all of them gives the same rows with one shuffle, and
+chunks outside any dedup never shuffle.
 
 Each scan tree is registered as the view its `ScanInfo` names, with `time` converted at the edge from int64
 nanoseconds to a Spark TIMESTAMP (the nanoseconds stay beside it, `model.time_ns_column`), and the query's SQL runs
@@ -274,7 +275,8 @@ class ScanBuilder:
         out_schema = self.schema_for(output)
         types = {n: ColumnType.INTEGER if n == WRITE_ORDER else self.columns.get(n, ColumnType.STRING)
                  for n in schema if n != CHUNK_ORDER}
-        merge = _arrow_merger(self.warehouse.uri, specs, list(schema), list(keys), {n: t.value for n, t in types.items()}, output)
+        merge = _arrow_merger(self.warehouse.uri, specs, list(schema), list(keys),
+                              {n: t.value for n, t in types.items()}, output)
         # One partition per group, made in the JVM (spark.range): the specs travel inside the function, so no
         # Python-side RDD and no shuffle stand between the plan and the workers.
         frame = self.spark.range(0, len(specs), 1, numPartitions=max(1, len(specs)))

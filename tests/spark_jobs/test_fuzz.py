@@ -18,10 +18,10 @@ Spark's cost is per scan, and unions of many scans cost more than their parts, s
 query runs with `spark.sql.shuffle.partitions=1` (restored afterwards): results never depend on it, and tiny
 scenarios spend most of their time scheduling empty shuffle tasks otherwise.
 
-Every case runs on the in-process runner over a local warehouse; over an s3:// warehouse (the suite's S3 server) two
-seeds' first five cases (one turn of each run) in CI, every case with IOX_TEST_ALL=1; on the connect runner (`tests/connect_support.py`) the first
-`ON_CONNECT` cases of one seed drawn from IOX_CONNECT_SEED (one run each of the five), or every case with
-IOX_CONNECT_RUN=all, against the same oracle.
+Every case runs on the in-process runner over a local warehouse; over an s3:// warehouse (the suite's S3 server)
+two seeds' first five cases (one turn of each run) in CI, every case with IOX_TEST_ALL=1; on the connect runner
+(`tests/connect_support.py`) the first `ON_CONNECT` cases of one seed drawn from IOX_CONNECT_SEED (one run each
+of the five), or every case with IOX_CONNECT_RUN=all, against the same oracle.
 
 `IOX_FUZZ_CASES` sets the number of cases (default 64 in CI: about 80 s measured on the shared 2-core
 machine); `IOX_FUZZ_SEED` the first seed. A failure prints the seed, the run, and a scenario and SQL shrunk by
