@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYSPARK_PIN := $(shell grep -E '^pyspark==' requirements.lock)
 PYTEST_ARGS ?=
 
-.PHONY: all venv nginx test test-all test-fast soak faults demo typecheck bench bench-compaction bench-late-batch bench-tsbs lock clean stop-postgres airflow-setup
+.PHONY: all venv nginx test test-all test-fast soak faults demo typecheck bench bench-compaction bench-late-batch bench-tsbs bench-objectstore lock clean stop-postgres airflow-setup
 
 all: test
 
@@ -88,6 +88,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_tsbs.py
 	$(BIN)/python benchmarks/bench_read_once.py
 	$(BIN)/python benchmarks/bench_write_shapes.py
+	$(BIN)/python benchmarks/bench_objectstore.py
 
 # Compaction and persist speed (issue 25's figures, see benchmarks/README.md): the merge kernel against DuckDB, Polars
 # (when installed) and Arrow on one core; persist rows/s; compaction rows/s against the query-time merge on Spark; a
@@ -108,6 +109,12 @@ bench-late-batch: venv
 # processes (in-process, over Spark Connect, the plain script). BENCH_HOSTS sizes it (default 200 hosts x 24 h).
 bench-tsbs: venv
 	$(BIN)/python benchmarks/bench_tsbs.py $(if $(BENCH_HOSTS),--hosts $(BENCH_HOSTS))
+
+# The executor's object-store read path (benchmarks/README.md): (a) its scan against Spark's own reader on local
+# disk, (b) a query over an s3:// warehouse (a local S3 API server) against a local one, (c) the local warehouse's
+# query before and after the object-store reader came in.
+bench-objectstore: venv
+	$(BIN)/python benchmarks/bench_objectstore.py
 
 # Regenerate the lock from requirements.in (needs the registry).
 lock:

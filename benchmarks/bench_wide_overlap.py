@@ -43,12 +43,12 @@ import pyarrow as pa  # noqa: E402
 
 TASK = r"""
 import json, resource, sys
-spec, schema, keys, types = json.loads(sys.stdin.read())
+root, spec, schema, keys, types = json.loads(sys.stdin.read())
 import pyarrow as pa
 from spark_jobs.arrow_merge import merge_groups
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 batch = pa.record_batch([pa.array([0], pa.int64())], names=["id"])
-rows = sum(b.num_rows for b in merge_groups(iter([batch]), [spec], schema, keys, types))
+rows = sum(b.num_rows for b in merge_groups(iter([batch]), root, [spec], schema, keys, types))
 print(rows, pa.default_memory_pool().max_memory() // 1024, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
@@ -95,11 +95,11 @@ def largest_task(plan: Any, root: Any) -> tuple[int, int, int]:
                     best = (rows, node, chunks, [low, high])
     assert best is not None
     _, node, chunks, bounds = best
-    spec = json.dumps({"files": [[str(root / c.path), c.order, False] for c in chunks], "bounds": bounds})
+    spec = json.dumps({"files": [[c.id, c.path, c.order, False, c.file_size] for c in chunks], "bounds": bounds})
     schema = [c for c in node.schema]
     keys = [s.column for s in node.sort_key]
     types = {n: COLUMNS[n].value for n in schema if n in COLUMNS}
-    out = subprocess.run([sys.executable, "-c", TASK], input=json.dumps([spec, schema, keys, types]),
+    out = subprocess.run([sys.executable, "-c", TASK], input=json.dumps([str(root), spec, schema, keys, types]),
                          capture_output=True, text=True, check=True)
     rows, arrow_peak, rss_peak = map(int, out.stdout.split())
     return rows, arrow_peak, rss_peak

@@ -37,6 +37,9 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
         too_deep = query_too_deep(str(err))
         if too_deep is not None:
             raise BadQueryError(f"the query failed on Spark: {too_deep}") from err
+        raised = raised_in_worker(str(err))
+        if raised is not None:
+            raise raised from err
         text = _with_hint(sanitize_spark_message(str(err), plan))
         if condition and ("CANNOT_READ" in condition or "FILE" in condition or "PARQUET" in condition):
             raise CatalogError(f"reading a chunk file failed: {text}") from err
@@ -48,6 +51,9 @@ def spark_errors(plan: QueryPlan | None = None) -> Iterator[None]:
         guard = guard_message(str(err))
         if guard is not None:
             raise BadQueryError(guard) from err
+        raised = raised_in_worker(str(err))
+        if raised is not None:
+            raise raised from err
         java = java_message(str(err))
         too_deep = query_too_deep(java)
         if too_deep is not None:
@@ -215,6 +221,15 @@ def default_parallelism(spark: Any) -> int:
 
     parts = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p").alias("n"))
     return int(parts.first()["n"]) + 1
+
+
+def raised_in_worker(text: str) -> IoxError | None:
+    """The error a Python worker of this code raised (a chunk file the warehouse lacks, the object store not
+    answering: `store_read`), as itself, when Spark's message carries its line; None for any other failure."""
+    kind, message = worker_error(Exception(text))
+    if kind is None or "Traceback" not in text:
+        return None
+    return kind(message)
 
 
 def worker_error(err: Exception) -> tuple[type[IoxError] | None, str]:

@@ -1,10 +1,12 @@
 """Execute an iox-batch plan on Spark.
 
-Scan trees become DataFrames: ParquetExec and RecordBatchesExec read exactly their files through Spark's Parquet
-reader (projection and predicate pushed into it), FilterExec and ProjectionExec map to `where`/`select`, sort
-nodes are a cost model Spark plans its own way, and every DeduplicateExec of a scan tree is evaluated by one
-aggregation over the union of their inputs: the planner only splits dedups where keys cannot collide, so one
-`groupBy` over all of them gives the same rows with one shuffle, and chunks outside any dedup never shuffle.
+Scan trees become DataFrames: ParquetExec and RecordBatchesExec read exactly their files, of a local warehouse
+through Spark's Parquet reader (projection and predicate pushed into it), of an object store through pyarrow's
+filesystem in Python workers (`store_read.py`: projection, row groups pruned by the time bounds); FilterExec and
+ProjectionExec map to `where`/`select`, sort nodes are a cost model Spark plans its own way, and every
+DeduplicateExec of a scan tree is evaluated by one aggregation over the union of their inputs: the planner only
+splits dedups where keys cannot collide, so one `groupBy` over all of them gives the same rows with one shuffle, and
+chunks outside any dedup never shuffle.
 
 Each scan tree is registered as the view its `ScanInfo` names, with `time` converted at the edge from int64
 nanoseconds to a Spark TIMESTAMP (the nanoseconds stay beside it, `model.time_ns_column`), and the query's SQL runs
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -31,6 +34,7 @@ from pyspark.sql import types as T
 from iox_planner.config import DEDUP_STRATEGY
 from iox_planner.errors import CatalogError
 from iox_planner.model import CHUNK_ORDER, TIME, WRITE_ORDER, WRITE_SEQ, Chunk, ChunkKind, ColumnType, time_ns_column
+from iox_planner.objectstore import Root
 from iox_planner.planner.nodes import (
     DeduplicateExec,
     EmptyExec,
@@ -45,9 +49,10 @@ from iox_planner.planner.nodes import (
     UnionExec,
 )
 from iox_planner.planner.predicate import Conjunct, columns_of, predicate_sql
-from iox_planner.planner.timebounds import time_bounds
-from spark_jobs.extract import check_file, group_inputs
+from iox_planner.planner.timebounds import Bounds, time_bounds
+from spark_jobs.extract import checked_path, group_inputs
 from spark_jobs.gate import check_query_text
+from spark_jobs.store_read import file_refs, spread
 from spark_jobs.transform import (
     chunk_order_column, deduplicate, deduplicate_window, file_type, q, to_view, union_all, write_order_column,
 )
@@ -131,7 +136,7 @@ def _signature(chain: Sequence[PlanNode], dedup: DeduplicateExec) -> tuple[objec
 class ScanBuilder:
     """Turns one scan tree into a DataFrame of its output columns (time as int64 ns)."""
 
-    def __init__(self, spark: SparkSession, warehouse: Path, columns: Mapping[str, ColumnType],
+    def __init__(self, spark: SparkSession, warehouse: Root, columns: Mapping[str, ColumnType],
                  strategy: Strategy | str = DEFAULT_STRATEGY, analyze: bool = False) -> None:
         self.spark = spark
         self.warehouse = warehouse
@@ -179,7 +184,9 @@ class ScanBuilder:
         if isinstance(node, UnionExec):
             return self._union(node)
         if isinstance(node, ParquetExec):
-            return self.read(node.files(), node.projection, predicate_sql(node.predicate) if node.predicate else None)
+            if not node.predicate:
+                return self.read(node.files(), node.projection, None)
+            return self.read(node.files(), node.projection, predicate_sql(node.predicate), time_bounds(node.predicate))
         if isinstance(node, RecordBatchesExec):
             return self.read(list(node.chunks), node.projection, None)
         if isinstance(node, EmptyExec):
@@ -249,20 +256,14 @@ class ScanBuilder:
         for d in dedups:
             chunks, predicates = group_inputs(d.child)
             for chunk in chunks:
-                if chunk.path is None:
-                    raise CatalogError(f"chunk {chunk.id} has no file (metadata only); it cannot be read")
-                check_file(self.warehouse / chunk.path, chunk.id)
+                checked_path(self.warehouse, chunk)
             # The bounds come from the parsed conjuncts (top-level ANDs only), never from the predicate text; a
             # time slice narrows them (the worker reads only rows inside, exactly: inclusive on both ends).
             low, high = time_bounds(predicates)
             if d.time_slice is not None:
                 low = d.time_slice[0] if low is None else max(low, d.time_slice[0])
                 high = d.time_slice[1] if high is None else min(high, d.time_slice[1])
-            specs.append(json.dumps({
-                "files": [[str(self.warehouse / c.path), c.order, c.kind is ChunkKind.INGESTER] for c in chunks
-                          if c.path is not None],
-                "bounds": [low, high],
-            }))
+            specs.append(json.dumps({"files": [ref.to_json() for ref in file_refs(chunks)], "bounds": [low, high]}))
             # Below a dedup only key columns are filtered, and such a filter commutes with the dedup: apply the
             # filters after the merge (the workers only use their time bounds to skip rows early).
             after.extend(p for p in predicates if p not in after)
@@ -274,7 +275,8 @@ class ScanBuilder:
         out_schema = self.schema_for(output)
         types = {n: ColumnType.INTEGER if n == WRITE_ORDER else self.columns.get(n, ColumnType.STRING)
                  for n in schema if n != CHUNK_ORDER}
-        merge = _arrow_merger(specs, list(schema), list(keys), {n: t.value for n, t in types.items()}, output)
+        merge = _arrow_merger(self.warehouse.uri, specs, list(schema), list(keys),
+                              {n: t.value for n, t in types.items()}, output)
         # One partition per group, made in the JVM (spark.range): the specs travel inside the function, so no
         # Python-side RDD and no shuffle stand between the plan and the workers.
         frame = self.spark.range(0, len(specs), 1, numPartitions=max(1, len(specs)))
@@ -283,15 +285,14 @@ class ScanBuilder:
             result = result.where(predicate_sql([conjunct]))
         return result
 
-    def read(self, chunks: Sequence[Chunk], projection: Sequence[str], predicate: str | None) -> DataFrame:
-        """Read chunk files with the table's types; columns a file lacks come out NULL."""
-        paths = []
-        for chunk in chunks:
-            if chunk.path is None:
-                raise CatalogError(f"chunk {chunk.id} has no file (metadata only); it cannot be read")
-            path = self.warehouse / chunk.path
-            check_file(path, chunk.id)
-            paths.append(str(path))
+    def read(self, chunks: Sequence[Chunk], projection: Sequence[str], predicate: str | None,
+             bounds: Bounds = (None, None)) -> DataFrame:
+        """Read chunk files with the table's types; columns a file lacks come out NULL. A local warehouse is read
+        by Spark's own Parquet reader, a store's through its filesystem in Python workers (`store_read`); `bounds`
+        (the predicate's time bounds) prune row groups there as Spark's reader prunes them by the predicate."""
+        if not self.warehouse.is_local:
+            return self._read_store(chunks, projection, predicate, bounds)
+        paths = [checked_path(self.warehouse, chunk) for chunk in chunks]
         virtual = (CHUNK_ORDER, WRITE_ORDER)
         stored = [c for c in projection if c not in virtual]
         needed = list(stored)
@@ -318,8 +319,54 @@ class ScanBuilder:
             df = df.withColumn(CHUNK_ORDER, chunk_order_column(chunks, ingester))
         return df.select(*[q(c) for c in projection])
 
+    def _read_store(self, chunks: Sequence[Chunk], projection: Sequence[str], predicate: str | None,
+                    bounds: Bounds) -> DataFrame:
+        """`read` on an object store: the files spread over a few tasks by size, each task's Python worker reading
+        its files (only the columns needed, only the row groups the time bounds leave) with the virtual columns
+        computed per file from the chunk (no `_metadata.file_path` to map back from)."""
+        virtual = (CHUNK_ORDER, WRITE_ORDER)
+        wanted = list(projection)
+        if predicate:
+            from iox_planner.planner.predicate import parse_predicate
 
-def _arrow_merger(specs: list[str], schema: list[str], keys: list[str], types: dict[str, str],
+            wanted += sorted(columns_of(parse_predicate(predicate)))
+        columns = list(dict.fromkeys(c for c in wanted if c not in virtual)) + [c for c in virtual if c in wanted]
+        tasks = spread(file_refs(chunks), 2 * self.parallelism())
+        types = {n: self.columns.get(n, ColumnType.STRING).value for n in columns if n not in virtual}
+        reader = _store_reader(self.warehouse.uri, [[ref.to_json() for ref in task] for task in tasks], columns,
+                               types, list(bounds))
+        df = self.spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(reader, self.schema_for(columns))
+        if predicate:
+            df = df.where(predicate)
+        return df.select(*[q(c) for c in projection])
+
+    def parallelism(self) -> int:
+        """How many tasks the session runs at once, asked once per session (over Connect the asking is a job)."""
+        known = _PARALLELISM.get(self.spark)
+        if known is None:
+            from spark_jobs.errors import default_parallelism
+
+            known = _PARALLELISM[self.spark] = default_parallelism(self.spark)
+        return known
+
+
+_PARALLELISM: "weakref.WeakKeyDictionary[SparkSession, int]" = weakref.WeakKeyDictionary()
+
+
+def _store_reader(root_uri: str, tasks: list[list[list[Any]]], columns: list[str], types: dict[str, str],
+                  bounds: list[int | None]) -> Any:
+    """The function a store scan's Python workers run for each batch of task ids (picklable: plain values only; the
+    warehouse as its URI, never a credential)."""
+
+    def read(batches: Iterator[Any]) -> Iterator[Any]:
+        from spark_jobs.store_read import read_files
+
+        yield from read_files(batches, root_uri, tasks, columns, types, bounds)
+
+    return read
+
+
+def _arrow_merger(root_uri: str, specs: list[str], schema: list[str], keys: list[str], types: dict[str, str],
                   output: list[str]) -> Any:
     """The function Spark runs in its Python workers for each batch of group ids (it must be picklable: it
     closes over plain lists and dicts only)."""
@@ -327,7 +374,7 @@ def _arrow_merger(specs: list[str], schema: list[str], keys: list[str], types: d
     def merge(batches: Iterator[Any]) -> Iterator[Any]:
         from spark_jobs.arrow_merge import merge_groups
 
-        yield from merge_groups(batches, specs, schema, keys, types, output)
+        yield from merge_groups(batches, root_uri, specs, schema, keys, types, output)
 
     return merge
 
@@ -348,10 +395,14 @@ def _chain_needs(chain: Sequence[PlanNode]) -> set[str] | None:
 # --- whole plans -----------------------------------------------------------------------------------------------------
 
 
-def execute(spark: SparkSession, plan: QueryPlan, warehouse: Path, *, strategy: Strategy | str | None = None,
-            analyze: bool = False) -> Execution:
-    """Register one view per scan tree and run the query's SQL over them. The last gate runs first: a text it
-    refuses leaves the session as it was (no view registered, no file read)."""
+def execute(spark: SparkSession, plan: QueryPlan, warehouse: Root | Path | None = None, *,
+            strategy: Strategy | str | None = None, analyze: bool = False) -> Execution:
+    """Register one view per scan tree and run the query's SQL over them, reading the chunk files under
+    `warehouse` (a root, a local folder, or None: IOX_WAREHOUSE). The last gate runs first: a text it refuses
+    leaves the session as it was (no view registered, no file read)."""
+    from iox_planner.storage import warehouse_of
+
+    root = warehouse_of(warehouse)
     check_plan_text(spark, plan)
     strategy = dedup_strategy(strategy)
     if analyze:
@@ -362,7 +413,7 @@ def execute(spark: SparkSession, plan: QueryPlan, warehouse: Path, *, strategy: 
     for scan, tree in zip(plan.scans, plan.children):
         columns = {name: ctype for chunk in tree.scanned_chunks() for name, ctype in chunk.columns.items()}
         columns.update(scan.columns)
-        builder = ScanBuilder(spark, warehouse, columns, strategy=strategy, analyze=analyze)
+        builder = ScanBuilder(spark, root, columns, strategy=strategy, analyze=analyze)
         df = builder.build(tree)
         metrics.update(builder.metrics)
         scans.append(df)

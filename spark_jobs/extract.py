@@ -8,12 +8,26 @@ from pathlib import Path
 
 from iox_planner.errors import CatalogError
 from iox_planner.model import Chunk
+from iox_planner.objectstore import Root
 from iox_planner.planner.nodes import DeduplicateExec, EmptyExec, FilterExec, ParquetExec, PlanNode, RecordBatchesExec
 from iox_planner.planner.predicate import Conjunct
 
 
+def checked_path(root: Root, chunk: Chunk) -> str:
+    """The chunk's file in the root's path form, checked where that costs no request: a local file is checked
+    before Spark opens it (Spark's own error names neither the file nor the chunk clearly); a file on a store is
+    checked by the worker that reads it, which reads its footer once and names the chunk if it is missing or not
+    Parquet (`store_read.OpenFile`), so a query costs no request per file on the driver."""
+    if chunk.path is None:
+        raise CatalogError(f"chunk {chunk.id} has no file (metadata only); it cannot be read")
+    path = root.path(chunk.path)
+    if root.is_local:
+        check_file(Path(path), chunk.id)
+    return path
+
+
 def check_file(path: Path, chunk_id: str) -> None:
-    """Fail before Spark does, with the file and its chunk named (Spark's own error names neither clearly)."""
+    """Fail before Spark does, with the local file and its chunk named."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:

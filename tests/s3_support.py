@@ -34,6 +34,8 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "iox-test-key", "AWS_SECRET_ACCESS_KEY": "io
 """Dummy credentials: moto takes any. The secret is distinctive so a test can look for it in every output."""
 
 _REQUEST = re.compile(r'"(GET|PUT|POST|HEAD|DELETE) (\S+) HTTP/1\.[01]" (\d{3})')
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+"""The server's log colours some status classes (a 206 Partial Content, say) with terminal escapes."""
 
 
 def free_port() -> int:
@@ -97,8 +99,7 @@ class S3Server:
     def requests(self) -> list[tuple[str, str, int]]:
         """Every request answered so far: (method, path with query, status), in order."""
         self._log_fh.flush()
-        # moto's log colours some lines (DELETE, errors) with terminal escapes: without them, every line matches.
-        text = re.sub(r"\x1b\[[0-9;]*m", "", self.log.read_text(errors="replace"))
+        text = _COLOUR.sub("", self.log.read_text(errors="replace"))
         return [(m.group(1), m.group(2), int(m.group(3))) for m in _REQUEST.finditer(text)]
 
     def stop(self) -> None:

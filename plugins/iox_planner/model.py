@@ -108,7 +108,8 @@ class Chunk:
 
     `time_min`/`time_max` are inclusive nanoseconds; None means unknown. `columns` maps each column the chunk has
     to its type. `tag_ranges` holds per-tag (min, max) where known. `sort_key` is the file's sort key (Parquet only).
-    `path` is relative to the warehouse (None for metadata-only chunks).
+    `path` is relative to the warehouse (None for metadata-only chunks); `file_size` is its size in bytes as the
+    catalog recorded it (None: unknown), so a reader on object storage opens it without asking the store.
     """
 
     id: str
@@ -124,6 +125,7 @@ class Chunk:
     sort_key: tuple[str, ...] = ()
     store: str = LOCAL_STORE
     path: str | None = None
+    file_size: int | None = None
 
     @property
     def may_contain_pk_duplicates(self) -> bool:

@@ -99,7 +99,7 @@ def test_json_shape_the_executor_reads() -> None:
         "kind": "parquet", "table": "h2o", "partition": "2024-01-01", "path": None, "order": 2,
         "time": [BASE + 5, BASE + 15],
         "columns": {"state": "tag", "city": "tag", "temp": "float", "n": "unsigned", "time": "time"}, "rows": 3,
-        "store": "file://", "sort_key": [], "tag_ranges": {"state": ["CA", "MA"]}}
+        "store": "file://", "sort_key": [], "tag_ranges": {"state": ["CA", "MA"]}, "file_size": None}
     assert doc["pruning"]["__iox_scan_0"]["chunks_considered"] == 4
     assert len(doc["children"]) == 2
     nodes = []

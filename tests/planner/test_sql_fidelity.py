@@ -266,12 +266,12 @@ FORMS = [
 @pytest.mark.parametrize("sql", FORMS, ids=[f"f{i:02d}" for i in range(len(FORMS))])
 def test_a_syntax_form_gives_what_spark_gives_for_it_as_written(spark: Any, catalog: Catalog, forms_db: str,
                                                                  sql: str) -> None:
-    from iox_planner.config import warehouse
+    from iox_planner.config import warehouse_root
     from spark_jobs.execute import execute
 
     want = table_of(spark.sql(sql))
     plan = plan_query(sql, CatalogSource(catalog, forms_db), now_ns=NOW)
-    result = execute(spark, plan, warehouse()).result
+    result = execute(spark, plan, warehouse_root()).result
     result = result.select(*[f"`{c}`" for c in result.columns if not c.startswith(NS_PREFIX)])
     got = table_of(result)
     ordered = re.search(r"\bORDER BY\b", sql) and "LIMIT" in sql
@@ -280,7 +280,7 @@ def test_a_syntax_form_gives_what_spark_gives_for_it_as_written(spark: Any, cata
 
 
 def test_a_pinned_clock_keeps_the_column_name_spark_gives_it(spark: Any, catalog: Catalog, forms_db: str) -> None:
-    from iox_planner.config import warehouse
+    from iox_planner.config import warehouse_root
     from spark_jobs.execute import execute
 
     sql = ("SELECT now(), current_date, unix_timestamp(), localtimestamp(), date_add(current_date(), 1), "
@@ -288,7 +288,7 @@ def test_a_pinned_clock_keeps_the_column_name_spark_gives_it(spark: Any, catalog
     want = spark.sql(sql)
     plan = plan_query(sql, CatalogSource(catalog, forms_db), now_ns=NOW)
     assert "now()" not in plan.spark_sql and plan.naming_sql is not None
-    got = execute(spark, plan, warehouse()).result
+    got = execute(spark, plan, warehouse_root()).result
     assert got.columns == want.columns
     assert [f.dataType for f in got.schema.fields] == [f.dataType for f in want.schema.fields]
     row = got.collect()[0]
@@ -307,13 +307,13 @@ def test_a_pinned_clock_keeps_the_column_name_spark_gives_it(spark: Any, catalog
 ])
 def test_into_and_what_spark_cannot_parse_are_refused_and_write_nothing(
         spark: Any, catalog: Catalog, forms_db: str, sql: str, tmp_path: Path, monkeypatch: Any) -> None:
-    from iox_planner.config import warehouse
+    from iox_planner.config import warehouse_root
     from spark_jobs.execute import execute
 
     monkeypatch.chdir(tmp_path)
     before = {t.name for t in spark.catalog.listTables()}
     with pytest.raises(IoxError):
-        execute(spark, plan_query(sql, CatalogSource(catalog, forms_db), now_ns=NOW), warehouse())
+        execute(spark, plan_query(sql, CatalogSource(catalog, forms_db), now_ns=NOW), warehouse_root())
     assert {t.name for t in spark.catalog.listTables()} == before
     assert not any(tmp_path.iterdir())
 

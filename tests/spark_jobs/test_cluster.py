@@ -107,3 +107,20 @@ def test_standalone_cluster_writes_parquet_where_nobody_else_can_repoint_it(clus
     rows = sorted((r["t"], r["v"], r["w"]) for r in pq.read_table(out).to_pylist())
     assert rows == EXPECTED
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.parquet"]  # no staging or lock left beside it
+
+
+def test_standalone_cluster_reads_an_s3_warehouse_with_the_workers_own_credentials(
+        cluster: str, catalog: Catalog, db: str, tmp_path: Path, s3_warehouse: str) -> None:
+    """The chunk files are read by the cluster's executors, with the AWS settings of the worker's environment:
+    the query's own process (the driver, in-process: its result comes back without an output file) runs without
+    any, since nothing on the driver reads the store, so no credential can have travelled with the job."""
+    from s3_support import CREDENTIALS
+
+    _load(catalog, db)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update({"IOX_SPARK_MASTER": cluster, "IOX_RUNNER": "in-process"})
+    remote = subprocess.run([str(Path(sys.executable).parent / "iox-batch"), "query", "--db", db, SQL, "--format",
+                             "jsonl"], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert remote.returncode == 0, remote.stderr
+    assert [(r["t"], r["v"], r["w"]) for r in map(json.loads, remote.stdout.splitlines())] == EXPECTED
+    assert CREDENTIALS["AWS_SECRET_ACCESS_KEY"] not in remote.stdout + remote.stderr

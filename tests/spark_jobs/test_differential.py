@@ -3,6 +3,9 @@ everything), both run on Spark, against an independent reference written here in
 
 The reference never touches the files, the planner or the executor: it replays the scenario's own rows in
 write order (chunk order, then position in the chunk) and applies PRODUCT.md's semantics directly.
+
+Every scenario runs over a local warehouse (Spark's own Parquet reader) and, sampled in CI (IOX_TEST_ALL=1: all),
+over an s3:// warehouse on the suite's S3 server (the executor's object-store reader, `spark_jobs/store_read.py`).
 """
 
 from __future__ import annotations
@@ -14,12 +17,17 @@ from typing import Any, Callable
 
 import pytest
 
+from common_support import sampled
 from iox_planner.catalog.store import Catalog
 from spark_support import load, run_jsonl
 
 pytestmark = pytest.mark.spark
 
 SCENARIOS = 50
+CASES = ([(seed, "local") for seed in range(SCENARIOS)]
+         + sampled([(seed, "s3") for seed in range(SCENARIOS)], ci=6))
+"""(seed, warehouse): every seed on a local warehouse; on an s3 one, six seeds in CI, spread over the strategies
+and both query shapes (seed % 3, seed % 2)."""
 DAY = 86_400_000_000_000
 T0 = 1_704_067_200_000_000_000
 TAG_VALUES = {"t1": ["a", "b", None], "t2": ["x", "y", None]}
@@ -135,9 +143,13 @@ def _key(row: dict[str, Any]) -> tuple[str, ...]:
     return tuple(repr(_norm(row[k])) for k in sorted(row))
 
 
-@pytest.mark.parametrize("seed", range(SCENARIOS))
-def test_optimized_naive_and_reference_agree(spark: Any, catalog: Catalog, db: str, seed: int) -> None:
+@pytest.mark.parametrize("seed,store", CASES, ids=[f"{store}-{seed}" for seed, store in CASES])
+def test_optimized_naive_and_reference_agree(spark: Any, catalog: Catalog, db: str, seed: int, store: str,
+                                             request: pytest.FixtureRequest) -> None:
     from iox_planner.timeutil import format_time
+
+    if store == "s3":
+        request.getfixturevalue("s3_warehouse")
 
     rng = random.Random(seed)
     chunks, truth = random_scenario(rng)

@@ -18,9 +18,10 @@ Spark's cost is per scan, and unions of many scans cost more than their parts, s
 query runs with `spark.sql.shuffle.partitions=1` (restored afterwards): results never depend on it, and tiny
 scenarios spend most of their time scheduling empty shuffle tasks otherwise.
 
-Every case runs on the in-process runner; on the connect runner (`tests/connect_support.py`) the first
-`ON_CONNECT` cases of one seed drawn from IOX_CONNECT_SEED (one run each of the five), or every case with
-IOX_CONNECT_RUN=all, against the same oracle.
+Every case runs on the in-process runner over a local warehouse; over an s3:// warehouse (the suite's S3 server)
+two seeds' first five cases (one turn of each run) in CI, every case with IOX_TEST_ALL=1; on the connect runner
+(`tests/connect_support.py`) the first `ON_CONNECT` cases of one seed drawn from IOX_CONNECT_SEED (one run each
+of the five), or every case with IOX_CONNECT_RUN=all, against the same oracle.
 
 `IOX_FUZZ_CASES` sets the number of cases (default 64 in CI: about 80 s measured on the shared 2-core
 machine); `IOX_FUZZ_SEED` the first seed. A failure prints the seed, the run, and a scenario and SQL shrunk by
@@ -36,6 +37,7 @@ from typing import Any
 import pytest
 
 import fuzz_support as fz
+from common_support import FULL, sampled
 from connect_support import RUN_ALL, Leg, runner_param, sample
 from iox_planner.catalog.store import Catalog
 from iox_planner.errors import IoxError
@@ -109,12 +111,25 @@ def _report(runner: Leg, catalog: Catalog, db: str, seed: int, scenario: fz.Scen
 @pytest.mark.parametrize(("runner", "seed"), [runner_param("in-process", seed=seed) for seed in SEEDS]
                          + [runner_param("connect", seed=seed) for seed in sample(SEEDS, 1)], indirect=["runner"])
 def test_fuzz(runner: Leg, catalog: Catalog, db: str, seed: int) -> None:
-    scenario, preds = generate(seed)
-    load(catalog, db, scenario.entries())
     first = (seed - FIRST_SEED) * PREDICATES_PER_SEED
     cases = max(0, CASES - first)
     if runner.name == "connect" and not RUN_ALL:
         cases = min(cases, ON_CONNECT)
+    fuzz(runner, catalog, db, seed, cases)
+
+
+@pytest.mark.parametrize(("runner", "seed"), [runner_param("in-process", seed=seed)
+                                              for seed in sampled(list(SEEDS), ci=2)], indirect=["runner"])
+def test_fuzz_on_an_s3_warehouse(runner: Leg, catalog: Catalog, db: str, seed: int, s3_warehouse: str) -> None:
+    """The same cases over an s3:// warehouse (the executor's object-store reader): in CI two seeds, one turn of
+    each of the five runs (IOX_TEST_ALL=1: every seed, every case)."""
+    fuzz(runner, catalog, db, seed, PREDICATES_PER_SEED if FULL else len(RUNS))
+
+
+def fuzz(runner: Leg, catalog: Catalog, db: str, seed: int, cases: int) -> None:
+    """The first `cases` predicates of `seed`, each against the oracle; a failure shrunk and reported."""
+    scenario, preds = generate(seed)
+    load(catalog, db, scenario.entries())
     for i, pred in enumerate(preds[:cases]):
         for strategy, optimize in runs(seed, i):
             try:

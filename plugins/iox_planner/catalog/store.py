@@ -485,6 +485,7 @@ def chunk_from_row(row: ChunkRow, table_columns: Mapping[str, ColumnType]) -> Ch
         sort_key=row.sort_key,
         store=row.store,
         path=row.path,
+        file_size=row.file_size if row.path is not None else None,
     )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
 from iox_planner import config
-from iox_planner.config import warehouse
+from iox_planner.config import warehouse_root
 from iox_planner.objectstore import is_uri
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.lineprotocol import Precision
@@ -140,7 +140,7 @@ def analyze(plan: QueryPlan, timeout_s: int | None = None) -> str:
     started = time.perf_counter()
     spark = analysis_session()
     with spark_errors(plan), query_budget(spark, query_timeout_s(timeout_s)):
-        execution = execute(spark, plan, warehouse(), analyze=True)
+        execution = execute(spark, plan, warehouse_root(), analyze=True)
         rows = execution.result.count()
     elapsed = time.perf_counter() - started
 

@@ -38,7 +38,7 @@ def _chunk_to_dict(c: Chunk) -> dict[str, Any]:
         "kind": c.kind.value, "table": c.table, "partition": c.partition, "path": c.path, "order": c.order,
         "time": [c.time_min, c.time_max], "columns": {k: v.value for k, v in c.columns.items()}, "rows": c.rows,
         "store": c.store, "sort_key": list(c.sort_key),
-        "tag_ranges": {k: [lo, hi] for k, (lo, hi) in c.tag_ranges.items()},
+        "tag_ranges": {k: [lo, hi] for k, (lo, hi) in c.tag_ranges.items()}, "file_size": c.file_size,
     }
 
 
@@ -49,6 +49,7 @@ def _chunk_from_dict(chunk_id: str, d: Mapping[str, Any]) -> Chunk:
         time_min=lo, time_max=hi, columns={k: ColumnType(v) for k, v in d["columns"].items()}, rows=d.get("rows"),
         tag_ranges={k: (v[0], v[1]) for k, v in d.get("tag_ranges", {}).items()},
         sort_key=tuple(d.get("sort_key", ())), store=d["store"], path=d.get("path"),
+        file_size=None if d.get("file_size") is None else int(d["file_size"]),
     )
 
 

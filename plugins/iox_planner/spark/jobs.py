@@ -22,6 +22,7 @@ from iox_planner import config
 from iox_planner.catalog.names import check_db_name
 from iox_planner.errors import BadInputError
 from iox_planner.ingest.lineprotocol.precision import Precision
+from iox_planner.objectstore import Root, parse_root
 from iox_planner.output import JOB_FORMATS, Destination, OutputFormat, destination_of, shown
 from iox_planner.spark.budget import TIMEOUT_ARG, query_timeout_s
 from iox_planner.spark.conf import jobs_dir
@@ -90,6 +91,12 @@ def _path(value: str | None) -> Path | None:
     return None if value is None else Path(value)
 
 
+def _warehouse(value: str) -> Root:
+    """A job's `--warehouse`: the warehouse's URI text (an absolute folder or s3://BUCKET/PREFIX), never a
+    credential (each process builds its filesystem from its own AWS_* environment)."""
+    return parse_root(value, what="--warehouse")
+
+
 class _QueryJob(JobSpec):
     """The jobs that run a query (a plan, a part, a merge): their budget, report and fast start are fields of
     theirs of those names."""
@@ -121,14 +128,14 @@ class PlanJob(_QueryJob):
     """A local path, or a key on a store (`s3://`, text in argv: a URI never carries a credential)."""
     format: OutputFormat
     timeout_s: int
-    warehouse: Path = field(default_factory=config.warehouse)
+    warehouse: Root = field(default_factory=config.warehouse_root)
     report: Path | None = None
     strategy: str | None = None
     limit_rows: int | None = None
     fast_start: bool = field(default=False, compare=False)
 
     def args(self) -> list[str]:
-        return ["--plan", str(self.plan), "--warehouse", str(self.warehouse), "--format", self.format.value,
+        return ["--plan", str(self.plan), "--warehouse", self.warehouse.uri, "--format", self.format.value,
                 "--output", shown(self.output), *_opt("--report", self.report), TIMEOUT_ARG, str(self.timeout_s),
                 *_opt("--strategy", self.strategy), *_opt("--limit-rows", self.limit_rows)]
 
@@ -145,7 +152,7 @@ class PlanJob(_QueryJob):
             raise BadInputError(f"{cls.script}: --limit-rows {a.limit_rows[:40]!r} is not a whole number above 0")
         return PlanJob(Path(a.plan), destination_of(a.output), OutputFormat(a.format),
                        query_timeout_s(a.timeout_s, TIMEOUT_ARG),
-                       Path(a.warehouse), _path(a.report), a.strategy, limit)
+                       _warehouse(a.warehouse), _path(a.report), a.strategy, limit)
 
 
 @dataclass(frozen=True)
@@ -160,12 +167,12 @@ class PartJob(_QueryJob):
     plan: Path
     output: Path
     timeout_s: int
-    warehouse: Path = field(default_factory=config.warehouse)
+    warehouse: Root = field(default_factory=config.warehouse_root)
     report: Path | None = None
     fast_start: bool = field(default=False, compare=False)
 
     def args(self) -> list[str]:
-        return ["part", "--plan", str(self.plan), "--warehouse", str(self.warehouse), "--output", str(self.output),
+        return ["part", "--plan", str(self.plan), "--warehouse", self.warehouse.uri, "--output", str(self.output),
                 *_opt("--report", self.report), TIMEOUT_ARG, str(self.timeout_s)]
 
     @classmethod
@@ -173,7 +180,7 @@ class PartJob(_QueryJob):
         parser = _Parser(prog=f"{cls.script} part")
         _query_args(parser, with_format=False)
         a = parser.parse_args(list(argv))
-        return PartJob(Path(a.plan), Path(a.output), query_timeout_s(a.timeout_s, TIMEOUT_ARG), Path(a.warehouse),
+        return PartJob(Path(a.plan), Path(a.output), query_timeout_s(a.timeout_s, TIMEOUT_ARG), _warehouse(a.warehouse),
                        _path(a.report))
 
 
@@ -191,12 +198,12 @@ class MergeJob(_QueryJob):
     output: Path
     format: OutputFormat
     timeout_s: int
-    warehouse: Path = field(default_factory=config.warehouse)
+    warehouse: Root = field(default_factory=config.warehouse_root)
     report: Path | None = None
     fast_start: bool = field(default=False, compare=False)
 
     def args(self) -> list[str]:
-        return ["merge", "--plan", str(self.plan), "--warehouse", str(self.warehouse), "--parts", str(self.parts),
+        return ["merge", "--plan", str(self.plan), "--warehouse", self.warehouse.uri, "--parts", str(self.parts),
                 "--format", self.format.value, "--output", str(self.output), *_opt("--report", self.report),
                 TIMEOUT_ARG, str(self.timeout_s)]
 
@@ -207,7 +214,7 @@ class MergeJob(_QueryJob):
         parser.add_argument("--parts", required=True, help="the folder holding every part's output")
         a = parser.parse_args(list(argv))
         return MergeJob(Path(a.plan), Path(a.parts), Path(a.output), OutputFormat(a.format),
-                        query_timeout_s(a.timeout_s, TIMEOUT_ARG), Path(a.warehouse), _path(a.report))
+                        query_timeout_s(a.timeout_s, TIMEOUT_ARG), _warehouse(a.warehouse), _path(a.report))
 
 
 Target = tuple[str, tuple[int, ...]]
