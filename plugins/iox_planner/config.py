@@ -912,10 +912,10 @@ def warehouse_root() -> Root:
 
 
 def warehouse() -> Path:
-    """The warehouse as a local folder, for the code that has not moved to `warehouse_root()` yet; an `s3://`
-    warehouse is refused there with one paragraph."""
+    """The warehouse's folder on this disk, for tools that need one (the benchmarks, a few tests); an `s3://`
+    warehouse is refused there with one paragraph. The product itself goes through `warehouse_root()`."""
     root = warehouse_root()
     if not root.is_local:
-        raise UnsupportedError(f"this command does not take an object-store warehouse yet (IOX_WAREHOUSE="
-                               f"{root.uri}): give a local folder")
+        raise UnsupportedError(f"this tool needs the warehouse on this disk (IOX_WAREHOUSE={root.uri}): give a "
+                               "local folder")
     return root.local_path
