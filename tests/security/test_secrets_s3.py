@@ -353,3 +353,20 @@ def test_an_output_uri_carrying_credentials_is_refused_without_repeating_them(s3
         assert done.returncode == 2, (target, done.stdout, done.stderr)
         assert_one_paragraph_error(done)
         assert_no_secret(done.stdout, done.stderr)
+
+
+@pytest.mark.parametrize("runner", [runner_param("connect")])
+def test_a_query_and_a_compaction_over_an_s3_warehouse_run_on_the_connect_server(
+        runner: str, connect_server: Server, connect: dict[str, str], h2o_s3: str) -> None:
+    """The third runner: no JVM in the client (connect_support's env has no Java), so the server's Python
+    workers read the store with the settings of the server's own environment; the answer is the local example's,
+    and neither output holds a secret. A compaction's slices run there too, reading and putting on the store."""
+    done = run_cli("query", "--db", h2o_s3, "--format", "jsonl", COUNT_BY_STATE, env=connect)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [json.loads(line) for line in done.stdout.splitlines()] == COUNTED
+    compacted = run_cli("compact", "--db", h2o_s3, env=connect)
+    assert compacted.returncode == 0, compacted.stderr[-3000:]
+    again = run_cli("query", "--db", h2o_s3, "--format", "jsonl", COUNT_BY_STATE, env=connect)
+    assert again.returncode == 0 and [json.loads(line) for line in again.stdout.splitlines()] == COUNTED, \
+        again.stderr[-3000:]
+    assert_no_secret(done.stdout, done.stderr, compacted.stdout, compacted.stderr, again.stdout, again.stderr)
