@@ -121,7 +121,7 @@ class OpenFile:
             return self.fragment.to_table(columns=wanted, filter=time_filter(bounds), use_threads=True)
 
 
-_MISSING = ("NO_SUCH_KEY", "NoSuchKey")
+_MISSING = ("NO_SUCH_KEY", "NoSuchKey", "RESOURCE_NOT_FOUND")
 """How pyarrow's S3 filesystem words a GET of a key the store does not hold (an OSError, not FileNotFoundError)."""
 _CORRUPT = ("deserialize thrift", "magic bytes", "Parquet file size")
 """How the Parquet reader words a footer that is not one (some of these come as OSError)."""

@@ -38,7 +38,7 @@ def delete_files(root: Root, rels: Sequence[str]) -> None:
 def _delete_object(root: Root, rel: str) -> None:
     """One object, gone already being fine: pyarrow's `delete_file` looks it up itself, so not `Root.delete`,
     which looks it up first (a request more per object)."""
-    with store_errors(root, "delete", rel), contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError), store_errors(root, "delete", rel):
         root.filesystem().delete_file(root.path(rel))
 
 
@@ -48,5 +48,5 @@ def delete_folder(root: Root, rel: str) -> None:
     if root.is_local:
         shutil.rmtree(root.local_path / rel, ignore_errors=True)
         return
-    with store_errors(root, "delete", rel), contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError), store_errors(root, "delete", rel):
         root.filesystem().delete_dir(root.path(rel))

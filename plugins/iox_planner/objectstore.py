@@ -333,8 +333,21 @@ class store_errors:
         if isinstance(exc, FileNotFoundError):
             return False
         where = self.root.uri_of(self.rel) if self.rel else self.root.uri
+        if _not_found(str(exc)):
+            # pyarrow reports a key deleted between its lookup and its GET as a plain OSError: a missing file
+            # (the caller words it), not a store that went away.
+            raise FileNotFoundError(f"{where} does not exist") from exc
         raise StoreUnavailableError(f"the object store did not answer ({self.doing} {where}): "
                                     f"{_first_line(str(exc))}; try again once it answers") from exc
+
+
+_NOT_FOUND = ("RESOURCE_NOT_FOUND", "NoSuchKey")
+"""How the AWS SDK under pyarrow says a GET found no key (a read opened with a known size skips the lookup that
+would have raised FileNotFoundError); a missing bucket is `NoSuchBucket`, a different word."""
+
+
+def _not_found(message: str) -> bool:
+    return any(word in message for word in _NOT_FOUND)
 
 
 def _first_line(text: str) -> str:

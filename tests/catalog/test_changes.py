@@ -43,8 +43,12 @@ class Consumer:
         return rows
 
 
+@pytest.mark.parametrize("warehouse_kind", ["local", "s3"])
 def test_a_changes_consumer_never_misses_nor_repeats_across_persist_and_compaction(
-        spark: object, catalog: Catalog, db: str) -> None:
+        spark: object, catalog: Catalog, db: str, warehouse_kind: str, request: pytest.FixtureRequest) -> None:
+    """On a local warehouse and on an `s3://` one (the store's reader derives each row's write order per file)."""
+    if warehouse_kind == "s3":
+        request.getfixturevalue("s3_warehouse")
     t = [T0 + i * S for i in range(4)]
     truth: dict[tuple[str, int], float] = {}
 
