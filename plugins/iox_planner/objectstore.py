@@ -44,6 +44,11 @@ def is_uri(text: str) -> bool:
     return bool(_SCHEME.match(text)) or "://" in text
 
 
+_CARRIES_CREDENTIALS = ("it carries credentials: a URI is shown in logs, plans and run records, so credentials come "
+                        "from the standard AWS settings (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or "
+                        "the default credential chain) and never from the URI")
+
+
 def uri_problem(text: str) -> str | None:
     """Why `text` is not an `s3://BUCKET/PREFIX` this product takes, or None."""
     if text.startswith("s3:") and not text.startswith(S3):
@@ -56,14 +61,8 @@ def uri_problem(text: str) -> str | None:
     # Before anything reads the authority: `s3://KEY:SE/CRET@bucket` has its `@` past the first `/`, and urlsplit
     # would take `KEY:SE` for a host and port (and fail on the port).
     if "@" in text:
-        return ("it carries credentials: a URI is shown in logs, plans and run records, so credentials come from "
-                "the standard AWS settings (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the "
-                "default credential chain) and never from the URI")
+        return _CARRIES_CREDENTIALS
     parts = urlsplit(text)
-    if "@" in parts.netloc or parts.username is not None or parts.password is not None:
-        return ("it carries credentials: a URI is shown in logs, plans and run records, so credentials come from "
-                "the standard AWS settings (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the "
-                "default credential chain) and never from the URI")
     if parts.query or parts.fragment or "?" in text or "#" in text:
         return "it has a query or a fragment (`?`, `#`): give s3://BUCKET/PREFIX alone"
     if ":" in parts.netloc:
