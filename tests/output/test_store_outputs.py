@@ -306,10 +306,12 @@ def test_dataclasses_of_runs_carry_the_uri_not_a_path(out_root: str) -> None:
 
     from iox_planner.objectstore import parse_root
 
-    job = PlanJob(Path("/tmp/plan.json"), parse_root(f"{out_root}/r.csv"), OutputFormat.CSV, 60,
-                  warehouse=Path("/tmp/wh"))
-    again = PlanJob.parse(job.args())
-    assert again == dataclasses.replace(job) and again.output == parse_root(f"{out_root}/r.csv")
+    for warehouse in (parse_root("/tmp/wh"), parse_root(f"{out_root}-warehouse")):
+        job = PlanJob(Path("/tmp/plan.json"), parse_root(f"{out_root}/r.csv"), OutputFormat.CSV, 60,
+                      warehouse=warehouse)
+        again = PlanJob.parse(job.args())
+        assert again == dataclasses.replace(job) and again.output == parse_root(f"{out_root}/r.csv")
+        assert again.warehouse == warehouse
 
 
 @pytest.mark.spark
