@@ -14,6 +14,7 @@ keeps every file it leaves unanswered."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -259,6 +260,23 @@ def sweep_locked_partition(conn: sa.Connection, root: Root | Path, partition_id:
 # --- dead bulk loads ----------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _load_lock(catalog: Catalog, load_id: str) -> Iterator[bool]:
+    """Whether the bulk load `load_id` is dead (its lock was free, and is held by this sweep until the block ends):
+    a live load holds its lock from its first task to its COMMIT, so a sweep never touches one however long it
+    runs."""
+    key = locks.bulk_load_key(load_id)
+    with catalog.engine.connect() as conn:
+        if not locks.try_lock(conn, key):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            locks.unlock(conn, key)
+            conn.commit()
+
+
 def sweep_bulk_loads(catalog: Catalog, root: Root | Path, grace_seconds: float) -> list[str]:
     """Remove what dead bulk loads left: a staging folder untouched for `grace_seconds` whose load lock is free
     (its driver is gone), with every file its manifest names that no catalog row names. Returns the removed
@@ -271,21 +289,16 @@ def sweep_bulk_loads(catalog: Catalog, root: Root | Path, grace_seconds: float) 
     for load_id, (newest, staged) in sorted(_staged_loads(where).items()):
         if newest > cutoff:
             continue
-        key = locks.bulk_load_key(load_id)
-        with catalog.engine.connect() as conn:
-            if not locks.try_lock(conn, key):
+        with _load_lock(catalog, load_id) as dead:
+            if not dead:
                 continue  # the load is running
-            try:
-                staging = f"{storage.BULK_STAGING}/{load_id}"
-                _delete_unnamed(catalog, where, sorted(set(_manifest(where, staging))))
-                if where.is_local:  # the folders too
-                    delete_folder(where, staging)
-                else:
-                    delete_files(where, staged)
-                removed.append(load_id)
-            finally:
-                locks.unlock(conn, key)
-                conn.commit()
+            staging = f"{storage.BULK_STAGING}/{load_id}"
+            _delete_unnamed(catalog, where, sorted(set(_manifest(where, staging))))
+            if where.is_local:  # the folders too
+                delete_folder(where, staging)
+            else:
+                delete_files(where, staged)
+            removed.append(load_id)
     if not where.is_local:
         removed += _sweep_store_loads(catalog, where, cutoff)
     return removed
@@ -308,16 +321,9 @@ def _sweep_store_loads(catalog: Catalog, root: Root, cutoff: float) -> list[str]
     for load_id, (newest, files) in sorted(loads.items()):
         if newest > cutoff:
             continue
-        key = locks.bulk_load_key(load_id)
-        with catalog.engine.connect() as conn:
-            if not locks.try_lock(conn, key):
-                continue  # the load is running
-            try:
-                if _delete_unnamed(catalog, root, sorted(files)):
-                    swept.append(load_id)
-            finally:
-                locks.unlock(conn, key)
-                conn.commit()
+        with _load_lock(catalog, load_id) as dead:
+            if dead and _delete_unnamed(catalog, root, sorted(files)):
+                swept.append(load_id)
     return swept
 
 
