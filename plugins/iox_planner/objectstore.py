@@ -266,20 +266,17 @@ def local_root(path: Path) -> Root:
 # --- the filesystems ----------------------------------------------------------------------------------------------
 
 
+def _first_set(*names: str) -> str | None:
+    """The first of the standard AWS settings `names` (in the SDK's order of precedence) that is set, non-empty."""
+    return next((os.environ[name] for name in names if os.environ.get(name)), None)
+
+
 def _endpoint() -> str | None:
-    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
+    return _first_set("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 
 def _region() -> str | None:
-    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
+    return _first_set("AWS_REGION", "AWS_DEFAULT_REGION")
 
 
 @functools.lru_cache(maxsize=1)
